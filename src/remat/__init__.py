@@ -1,0 +1,32 @@
+"""remat: activation checkpointing for JAX that is measured, automatic and sublinear.
+
+Example:
+  >>> import remat
+  >>> remat.Strategy("dots")
+  Strategy(policy='dots', scans=None, schedule='per_step')
+"""
+
+__version__ = "0.1.0"
+
+# --- strategies and schedules ---
+from ._schedule import Binomial as Binomial
+from ._schedule import Nested as Nested
+from ._strategy import STRATEGY_NAMES as STRATEGY_NAMES
+from ._strategy import Strategy as Strategy
+
+# --- measurement data ---
+from ._measurement import Measurement as Measurement
+from ._measurement import Residual as Residual
+from ._measurement import Timing as Timing
+
+# --- apply (issue 3) ---
+
+# --- measure, compare, report (issue 3) ---
+
+# --- scan, revolve (issue 4) ---
+
+# --- plan (issue 5) ---
+
+# --- lint (issue 7) ---
+
+# --- sharding, offload (issue 6) ---

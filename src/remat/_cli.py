@@ -1,0 +1,59 @@
+"""The `remat` command line: ``remat demo``, ``remat measure``, ``remat compare`` and more.
+
+Each command lives in a module of its own (``_cli_<command>.py``) that defines
+``register(subparsers)``, which adds its parser and sets ``func`` to a function taking the
+parsed arguments and returning an exit code. Exit codes: 0 success, 1 infeasible plan, 2 usage
+error; errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> module that registers it (imported lazily so `remat --help` is fast).
+COMMANDS = {
+    "demo": "remat._cli_demo",
+}
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """An error that the CLI reports as one line on stderr, with an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="remat", description="Activation checkpointing for JAX, measured."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in COMMANDS.values():
+        importlib.import_module(module).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``remat`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or EXIT_OK)
+    except CliError as err:
+        print(f"remat {args.command}: error: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        print(f"remat {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

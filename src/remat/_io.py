@@ -1,0 +1,42 @@
+"""Atomic file output: a file is either absent, the old one, or complete; never half-written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary path beside ``path``; renames it onto ``path`` if the block succeeds.
+
+    Example:
+      >>> import tempfile, pathlib
+      >>> from remat._io import atomic_path
+      >>> d = pathlib.Path(tempfile.mkdtemp())
+      >>> with atomic_path(d / "x.txt") as tmp:
+      ...     _ = tmp.write_text("hello")
+      >>> (d / "x.txt").read_text()
+      'hello'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Writes ``text`` to ``path`` atomically (temporary file, then rename)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)

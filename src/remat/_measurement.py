@@ -1,0 +1,75 @@
+"""Plain data that `remat.measure` returns: what a compiled gradient step keeps and costs.
+
+Kept apart from `_measure.py` (which compiles and reads XLA) so reports, the planner and the
+linter can use the data without importing the measuring machinery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """One value that autodiff keeps from the forward pass for the backward pass.
+
+    Attributes:
+      shape: the shape of one copy (per scan step, when kept inside a scan).
+      dtype: its dtype name, e.g. ``"float32"``.
+      bytes: bytes of one copy.
+      multiplicity: how many copies are kept: the product of the lengths of the scans
+        around it (1 outside any scan).
+      primitive: the primitive that produced it (``"dot_general"``, ...), or ``"argument"``.
+      name: its `checkpoint_name`, if any.
+      source: ``"file.py:123"`` in the user's code, if known.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    multiplicity: int = 1
+    primitive: str = ""
+    name: str | None = None
+    source: str | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        """``bytes * multiplicity``."""
+        return self.bytes * self.multiplicity
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Wall-clock seconds per step: median, min and max over ``repeats`` runs."""
+
+    median: float
+    min: float
+    max: float
+    repeats: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """What one compiled `jax.value_and_grad` step keeps and costs.
+
+    Memory numbers are XLA's compiled memory analysis (per device for SPMD programs);
+    FLOPs are read from the optimised HLO with loop trip counts (see `remat.measure`).
+    """
+
+    peak_bytes: int
+    peak_source: str  # "peak_memory_in_bytes" or "temp+argument+output-alias"
+    temp_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    residuals: tuple[Residual, ...]
+    residual_bytes: int
+    flops: float
+    forward_flops: float
+    recompute_requested: bool
+    recompute_eliminated: bool
+    compile_seconds: float
+    seconds: Timing | None
+    strategy: str = "none"
+    backend: str = "cpu"
+    num_devices: int = 1
