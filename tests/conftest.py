@@ -37,7 +37,10 @@ def tree_allclose(a, b, *, scale: float = 1.0) -> bool:
             return False
         rtol, atol = tolerance(x.dtype)
         if not np.allclose(
-            np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=rtol * scale, atol=atol * scale
+            np.asarray(x, np.float64),
+            np.asarray(y, np.float64),
+            rtol=rtol * scale,
+            atol=atol * scale,
         ):
             return False
     return True
@@ -48,9 +51,11 @@ def assert_tree_allclose(a, b, *, scale: float = 1.0) -> None:
     if tree_allclose(a, b, scale=scale):
         return
     diffs = jax.tree_util.tree_map(
-        lambda x, y: float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
-        if jnp.shape(x) == jnp.shape(y)
-        else f"shape {jnp.shape(x)} != {jnp.shape(y)}",
+        lambda x, y: (
+            float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
+            if jnp.shape(x) == jnp.shape(y)
+            else f"shape {jnp.shape(x)} != {jnp.shape(y)}"
+        ),
         a,
         b,
     )

@@ -51,7 +51,7 @@ def test_strategy_is_hashable_and_compares_by_value():
 
 
 def test_strategy_validates_eagerly():
-    with pytest.raises(ValueError, match="remat.Strategy"):
+    with pytest.raises(ValueError, match=r"remat\.Strategy"):
         remat.Strategy("nope")
     with pytest.raises(ValueError, match="schedule"):
         remat.Strategy("full", schedule="sqrt")
