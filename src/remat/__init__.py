@@ -14,6 +14,8 @@ from ._schedule import Nested as Nested
 from ._strategy import STRATEGY_NAMES as STRATEGY_NAMES
 from ._strategy import Strategy as Strategy
 
+from ._warnings import RematWarning as RematWarning
+
 # --- measurement data ---
 from ._measurement import Measurement as Measurement
 from ._measurement import Residual as Residual
