@@ -32,3 +32,4 @@ from ._measurement import Timing as Timing
 # --- lint (issue 7) ---
 
 # --- sharding, offload (issue 6) ---
+from ._sharding import per_device_bytes as per_device_bytes
