@@ -1,0 +1,114 @@
+"""Host offloading: when it is offered (memory spaces), what it costs, and the CPU answer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+from remat._offload import (
+    HOST_BANDWIDTH,
+    offload_available,
+    offload_unavailable_reason,
+    transfer_seconds,
+)
+from remat._strategy import resolve_policy
+
+
+@dataclasses.dataclass
+class FakeMemory:
+    kind: str
+    platform: str
+
+
+class FakeDevice:
+    """A device whose memory spaces we choose, to exercise the rule without an accelerator."""
+
+    def __init__(self, platform, kinds, default="device", broken=False):
+        self.platform, self.id = platform, 0
+        self._memories = [FakeMemory(k, platform) for k in kinds]
+        self._default = FakeMemory(default, platform)
+        self._broken = broken
+
+    def addressable_memories(self):
+        if self._broken:
+            raise NotImplementedError("no memory spaces")
+        return self._memories
+
+    def default_memory(self):
+        return self._default
+
+
+def test_cpu_has_host_kinds_but_offload_is_not_available():
+    device = jax.devices("cpu")[0]
+    kinds = {m.kind for m in device.addressable_memories()}
+    assert {"device", "pinned_host"} <= kinds  # the kinds alone would say yes...
+    assert not offload_available(device)  # ...but the device memory is host RAM
+    assert "host RAM" in offload_unavailable_reason(device)
+
+
+@pytest.mark.parametrize(
+    ("device", "available", "says"),
+    [
+        (FakeDevice("gpu", ["device", "pinned_host", "unpinned_host"]), True, None),
+        (FakeDevice("tpu", ["device", "pinned_host"]), True, None),
+        (FakeDevice("gpu", ["device"]), False, "none of them pinned_host"),
+        (FakeDevice("gpu", ["pinned_host"], default="pinned_host"), False, "already host"),
+        (FakeDevice("cpu", ["device", "pinned_host"]), False, "host RAM"),
+        (FakeDevice("gpu", [], broken=True), False, "no memory spaces"),
+    ],
+)
+def test_offload_rule_reads_memory_spaces(device, available, says):
+    assert offload_available(device) is available
+    reason = offload_unavailable_reason(device)
+    if says is None:
+        assert reason is None
+    else:
+        assert says in reason
+
+
+def test_cpu_offload_saves_no_device_memory():
+    """The measurement behind 'not available on CPU': offloading keeps the same temp bytes."""
+    offload = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=["h"],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+    save = jax.checkpoint_policies.save_only_these_names("h")
+
+    def loss(policy):
+        def body(h, w):
+            h = checkpoint_name(jnp.tanh(h @ w), "h")
+            return jnp.sin(h), None
+
+        def f(ws, x):
+            h, _ = jax.lax.scan(jax.checkpoint(body, policy=policy), x, ws)
+            return h.sum()
+
+        return f
+
+    ws, x = jnp.ones((6, 32, 32)) * 0.01, jnp.ones((32, 32))
+    stats = {
+        name: jax.jit(jax.grad(loss(p))).lower(ws, x).compile().memory_analysis()
+        for name, p in [("offload", offload), ("save", save)]
+    }
+    assert stats["offload"].host_temp_size_in_bytes == 0
+    assert stats["offload"].temp_size_in_bytes == stats["save"].temp_size_in_bytes
+    assert jax.grad(loss(offload))(ws, x).shape == ws.shape
+
+
+def test_transfer_cost_is_two_copies_over_the_bandwidth():
+    assert HOST_BANDWIDTH == 25e9
+    assert transfer_seconds(1e9) == pytest.approx(2 * 1e9 / 25e9)  # 80 ms
+    assert transfer_seconds(1e9, host_bandwidth=100e9) == pytest.approx(0.02)
+    with pytest.raises(ValueError, match=r"`remat.plan`.*host_bandwidth"):
+        transfer_seconds(1.0, host_bandwidth=0)
+
+
+def test_offload_strategy_string_on_cpu_says_why_and_what_instead():
+    with pytest.raises(ValueError, match=r"host RAM.*'names:a,b'"):
+        resolve_policy("offload:a,b", "remat.apply")
