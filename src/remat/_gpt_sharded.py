@@ -41,8 +41,8 @@ def make_mesh(shape: Sequence[int] = (4, 2), axis_names: Sequence[str] = ("data"
 
     Example:
       >>> from remat._gpt_sharded import make_mesh
-      >>> make_mesh((1,), ("data",)).shape
-      OrderedDict({'data': 1})
+      >>> dict(make_mesh((1,), ("data",)).shape)
+      {'data': 1}
     """
     need = int(np.prod(shape))
     devices = jax.devices()
@@ -67,9 +67,9 @@ def fsdp_spec(shape: Sequence[int], size: int, axis: str = "fsdp", *, stacked: b
     Example:
       >>> from remat._gpt_sharded import fsdp_spec
       >>> fsdp_spec((4, 16, 48), 2, stacked=True)
-      PartitionSpec(None, None, 'fsdp')
+      P(None, None, 'fsdp')
       >>> fsdp_spec((3,), 2)
-      PartitionSpec()
+      P()
     """
     first = 1 if stacked else 0
     best = None
@@ -91,7 +91,7 @@ def shard_params(params: Any, mesh: Mesh, axis: str = "fsdp", stacked: str = "bl
       >>> from remat._gpt_sharded import make_mesh, shard_params
       >>> placed = shard_params({"w": jnp.ones((4, 2))}, make_mesh((1,), ("fsdp",)))
       >>> placed["w"].sharding.spec
-      PartitionSpec()
+      P()
     """
     size = mesh.shape[axis]
 
@@ -129,7 +129,7 @@ def make_sharded_gpt(
       >>> loss_fn, (params, tokens) = make_sharded_gpt(mesh, layers=1, d_model=8, seq=4,
       ...                                              batch=2, heads=2)
       >>> tokens.sharding.spec
-      PartitionSpec('data',)
+      P('data',)
     """
     loss_fn, (params, tokens) = make_gpt(**gpt_kwargs)
     size = mesh.shape[data_axis]
