@@ -57,9 +57,38 @@ def shard_shape(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) 
     try:
         return tuple(int(d) for d in sharding.shard_shape(shape))
     except (ValueError, TypeError, AttributeError):
-        # An abstract mesh whose axes are unset, or a spec that does not divide the shape:
-        # count the value whole rather than guess.
-        return shape
+        pass
+    # A spec that does not divide the shape: XLA pads each piece to ceil(size / pieces).
+    splits = spec_splits(sharding, len(shape))
+    if splits is None:
+        return shape  # a sharding we cannot read: count the value whole rather than guess
+    return tuple(-(-d // k) for d, k in zip(shape, splits, strict=True))
+
+
+def spec_splits(sharding: Any, ndim: int) -> tuple[int, ...] | None:
+    """Per dimension, the product of the mesh axis sizes a `NamedSharding`'s spec names.
+
+    None for a sharding that is not a `NamedSharding` (or whose mesh has no sizes).
+
+    Example:
+      >>> from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+      >>> from remat._sharding import spec_splits
+      >>> spec_splits(NamedSharding(AbstractMesh((4, 2), ("a", "b")), P(("a", "b"))), 2)
+      (8, 1)
+    """
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None or mesh is None:
+        return None
+    try:
+        sizes = dict(mesh.shape)
+    except (TypeError, AttributeError):
+        return None
+    out = []
+    for dim in range(ndim):
+        part = spec[dim] if dim < len(spec) else None
+        names = () if part is None else (part if isinstance(part, tuple) else (part,))
+        out.append(math.prod(int(sizes.get(n, 1)) for n in names))
+    return tuple(out)
 
 
 def shard_count(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) -> int:
@@ -129,8 +158,15 @@ def is_sharded(args: Any) -> bool:
       >>> is_sharded((jnp.ones(3),))
       False
     """
-    leaves = jax.tree_util.tree_leaves(arg_shardings(args))
-    return any(len(s.device_set) > 1 for s in leaves if s is not None)
+    shardings = (_sharding_of(x) for x in jax.tree_util.tree_leaves(args))
+    return any(_device_count(s) > 1 for s in shardings if s is not None)
+
+
+def _device_count(sharding: jax.sharding.Sharding) -> int:
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None and hasattr(mesh, "size"):
+        return int(mesh.size)  # also for an abstract mesh, which has no devices
+    return len(sharding.device_set)
 
 
 @dataclasses.dataclass(frozen=True)
