@@ -100,7 +100,7 @@ def test_scan_body_values_are_split_like_the_sliced_inputs():
     (dot,) = [e for e in body.eqns if e.primitive.name == "dot_general"]
     assert counts[dot.outvars[0]] == 8  # (8@data, 16@fsdp)
     carry, ys = closed.jaxpr.outvars
-    assert counts[carry] == 4
+    assert counts[carry] == 8  # tanh(h @ w): (8@data, 16@fsdp)
     assert counts[ys] == 4  # stacked per-step carries: (3, 8@data, 16)
 
 
