@@ -24,6 +24,8 @@ from ._measurement import Timing as Timing
 # --- apply (issue 3) ---
 
 # --- measure, compare, report (issue 3) ---
+from ._compare import compare as compare
+from ._report import Report as Report
 
 # --- scan, revolve (issue 4) ---
 
