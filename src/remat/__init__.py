@@ -22,8 +22,14 @@ from ._measurement import Residual as Residual
 from ._measurement import Timing as Timing
 
 # --- apply (issue 3) ---
+from ._rewrite import ScanInfo as ScanInfo
+from ._rewrite import apply as apply
+from ._rewrite import list_scans as list_scans
+from ._rewrite import rewrite_scans as rewrite_scans
 
 # --- measure, compare, report (issue 3) ---
+from ._compare import compare as compare
+from ._report import Report as Report
 
 # --- scan, revolve (issue 4) ---
 

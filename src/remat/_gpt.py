@@ -149,7 +149,7 @@ def make_gpt(
     model = GPT(layers=layers, d_model=d_model, heads=heads, vocab=vocab, seq=seq, dtype=dtype)
     param_key, token_key = jax.random.split(jax.random.key(seed))
     tokens = jax.random.randint(token_key, (batch, seq + 1), 0, vocab, dtype=jnp.int32)
-    params = model.init(param_key, tokens[:, :-1])["params"]
+    params = jax.jit(model.init)(param_key, tokens[:, :-1])["params"]
 
     def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
         logits = model.apply({"params": params}, tokens[:, :-1]).astype(jnp.float32)
