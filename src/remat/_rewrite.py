@@ -333,8 +333,14 @@ class _Interpreter:
         def run(j, consts, b):
             return lambda *a: self.eval(j, consts, a, b, inner_path, inner_rel)
 
-        if prim is _P.jit_p or prim is _P.closed_call_p:
-            closed = params.get("jaxpr", params.get("call_jaxpr"))
+        if prim is _P.jit_p:
+            # Re-trace the rewritten body and bind `jit` again with its own parameters, so
+            # its in/out shardings, mesh, layouts and donation survive the rewrite.
+            closed = params["jaxpr"]
+            inner = jax.make_jaxpr(run(closed.jaxpr, closed.consts, base))(*invals)
+            return prim.bind(*invals, **prim.get_bind_params({**params, "jaxpr": inner}))
+        if prim is _P.closed_call_p:
+            closed = params["call_jaxpr"]
             return run(closed.jaxpr, closed.consts, base)(*invals)
         if prim is _P.call_p:
             return run(params["call_jaxpr"], (), base)(*invals)
