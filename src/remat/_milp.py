@@ -40,8 +40,10 @@ class Node:
       bytes: bytes of one copy.
       flops: FLOPs to recompute it once (from its inputs).
       inputs: indices of the nodes it is computed from (free inputs are left out).
-      multiplicity: how many copies are stored when it is saved, and how many times it is
-        recomputed when it is not: the length of the scan around it.
+      multiplicity: how many copies are stored when it is saved: the length of the scan
+        around it (1 for a loop-invariant value, which is stored once).
+      repeats: how many times it is recomputed when it is not saved (``None``: the same as
+        ``multiplicity``).
       needed: whether the backward pass reads it.
       saveable: whether it may be saved.
       recomputable: whether it may be recomputed (False for a scan's carry, which only
@@ -53,10 +55,16 @@ class Node:
     flops: float
     inputs: tuple[int, ...] = ()
     multiplicity: int = 1
+    repeats: int | None = None
     needed: bool = False
     saveable: bool = True
     recomputable: bool = True
     group: int = 0
+
+    @property
+    def recompute_flops(self) -> float:
+        """FLOPs of recomputing it in every step: ``flops * repeats``."""
+        return self.flops * (self.multiplicity if self.repeats is None else self.repeats)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +74,7 @@ class Solution:
     Attributes:
       saved: indices of the saved nodes.
       recomputed: indices of the nodes recomputed in the backward pass.
-      recompute_flops: ``sum(flops * multiplicity)`` over recomputed nodes.
+      recompute_flops: ``sum(flops * repeats)`` over recomputed nodes.
       saved_bytes: ``sum(bytes * multiplicity)`` over saved nodes.
       transient_bytes: the largest group's recomputed bytes.
     """
@@ -103,7 +111,7 @@ def _solution(nodes: Sequence[Node], x: np.ndarray) -> Solution:
     return Solution(
         saved=saved,
         recomputed=recomputed,
-        recompute_flops=float(sum(nodes[i].flops * nodes[i].multiplicity for i in recomputed)),
+        recompute_flops=float(sum(nodes[i].recompute_flops for i in recomputed)),
         saved_bytes=int(sum(nodes[i].bytes * nodes[i].multiplicity for i in saved)),
         transient_bytes=max(groups.values(), default=0),
     )
@@ -157,7 +165,7 @@ def solve(
     scale_mem = max(float(mem.max()), 1.0)
     flops = np.zeros(nvar)
     for i, node in enumerate(nodes):
-        flops[n + i] = node.flops * node.multiplicity
+        flops[n + i] = node.recompute_flops
     total_flops = max(float(flops.sum()), 1.0)
     if minimize == "flops":
         # The memory term is worth less than the smallest FLOP difference HiGHS resolves.
