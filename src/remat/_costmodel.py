@@ -26,6 +26,7 @@ from jax._src.ad_checkpoint import saved_residuals
 from jax.extend import core as jcore
 
 from ._milp import Node
+from ._rewrite import ScanInfo
 from ._tag import _spec, eval_tagged, flatten, is_tagged, value_name
 
 _NAMED = re.compile(r"named '(remat_[^']+)'")
@@ -125,11 +126,10 @@ class ScanModel:
         ]
 
 
-def model_scan(index: int, eqn: Any) -> ScanModel:
-    """Builds the cost model of scan number ``index`` (a ``scan`` equation)."""
-    p = eqn.params
-    nc, nk = p["num_consts"], p["num_carry"]
-    flat = flatten(p["jaxpr"])
+def model_scan(info: ScanInfo) -> ScanModel:
+    """Builds the cost model of one scan (a `remat.list_scans` entry)."""
+    index, nc, nk = info.position, info.num_consts, info.num_carry
+    flat = flatten(info.jaxpr)
     jaxpr = flat.jaxpr
     values: list[Value] = []
     where: dict[Any, int] = {}  # var -> index in values
@@ -190,12 +190,12 @@ def model_scan(index: int, eqn: Any) -> ScanModel:
     values = [dataclasses.replace(v, needed=i in needed) for i, v in enumerate(values)]
     return ScanModel(
         index=index,
-        length=int(p["length"]),
+        length=info.length,
         values=tuple(values),
         carry_bytes=carry_bytes,
         forced_bytes=forced,
         step_flops=jaxpr_flops(jaxpr),
-        source=source_of(eqn),
+        source=info.source or None,
     )
 
 
@@ -222,6 +222,6 @@ def _needed(
     return needed, forced
 
 
-def model_scans(scan_eqns: Sequence[Any]) -> tuple[ScanModel, ...]:
-    """Cost models of all scans of a program, in order."""
-    return tuple(model_scan(i, e) for i, e in enumerate(scan_eqns))
+def model_scans(scans: Sequence[ScanInfo]) -> tuple[ScanModel, ...]:
+    """Cost models of the given scans, in order."""
+    return tuple(model_scan(info) for info in scans)

@@ -2,25 +2,27 @@
 
 The planner identifies the values of a scan body by position: the body is flattened (calls to
 `jax.jit`-ed functions inlined) and every floating-point output of its ``j``-th equation in the
-``i``-th scan of the program (depth first, scans inside scan bodies are not counted) is tagged
+``i``-th scan of the program is tagged
 ``checkpoint_name(x, "remat_s{i}_e{j}")`` (``..._e{j}_{k}`` for the ``k``-th output of an
-equation with several). Checkpointing the body with ``save_only_these_names(*chosen)`` then
+equation with several), where ``i`` is the scan's position as `remat.list_scans` numbers it.
+Only scans that are not inside another scan's body are planned; scans inside them stay as
+they are. The rewrite itself is `remat._rewrite.rewrite_scans`. Checkpointing the body with ``save_only_these_names(*chosen)`` then
 saves exactly the chosen values: any subset is expressible, not only JAX's named policies.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax._src import source_info_util
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jcore
+
+from ._rewrite import ScanInfo, _count, lax_loop, list_scans, rewrite_scans
 
 # Call primitives whose bodies are inlined, so the values inside them can be named.
 _INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
@@ -97,99 +99,69 @@ def eval_tagged(flat: Any, scan: int, args: Sequence[Any]) -> list[Any]:
 
 @dataclasses.dataclass(frozen=True)
 class ScanChoice:
-    """What to do with one scan: save these names (``None``: leave the scan as it is)."""
+    """What to do with one scan: save these names, with this schedule.
+
+    ``names=None`` leaves the scan as it is (no checkpointing).
+    """
 
     names: tuple[str, ...] | None
     schedule: Any = "per_step"
 
 
-@dataclasses.dataclass
-class _State:
-    choices: dict[int, ScanChoice]
-    scan_eqns: list[Any]
-    count: int = 0
-
-
-def _run_scan(eqn: Any, invals: Sequence[Any], state: _State) -> list[Any]:
-    index = state.count
-    state.count += 1
-    state.scan_eqns.append(eqn)
-    choice = state.choices.get(index)
-    if choice is None or choice.names is None:
-        return _bind(eqn, invals)
-    p = eqn.params
-    nc, nk = p["num_consts"], p["num_carry"]
-    consts, init, xs = invals[:nc], list(invals[nc : nc + nk]), list(invals[nc + nk :])
-    flat = flatten(p["jaxpr"])
-
-    def step(carry, x):
-        outs = eval_tagged(flat, index, [*consts, *carry, *x])
-        return outs[:nk], outs[nk:]
-
-    policy = jax.checkpoint_policies.save_only_these_names(*choice.names)
-    if choice.schedule == "per_step":
-        body = jax.checkpoint(step, policy=policy, prevent_cse=False)
-        carry, ys = lax.scan(
-            body, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
-        )
-    else:
-        from ._scan import scan as remat_scan  # the scan helper's schedules
-
-        carry, ys = remat_scan(
-            step, init, xs, length=p["length"], reverse=p["reverse"],
-            schedule=choice.schedule, policy=policy,
-        )  # fmt: skip
-    return [*carry, *ys]
-
-
-def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], state: _State) -> list[Any]:
-    env: dict = {}
-    env.update(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-    for eqn in jaxpr.eqns:
-        invals = [_read(env, v) for v in eqn.invars]
-        key = _INLINE.get(eqn.primitive.name)
-        if eqn.primitive.name == "scan":
-            outs = _run_scan(eqn, invals, state)
-        elif key is not None and key in eqn.params:
-            inner = eqn.params[key]
-            inner_consts = inner.consts if hasattr(inner, "consts") else ()
-            inner = inner.jaxpr if hasattr(inner, "jaxpr") else inner
-            outs = _eval(inner, inner_consts, invals, state)
-        else:
-            outs = _bind(eqn, invals)
-        env.update(zip(eqn.outvars, outs, strict=True))
-    return [_read(env, v) for v in jaxpr.outvars]
-
-
-def trace(fn: Callable, args: Sequence[Any]) -> tuple[Any, Any]:
-    """Traces ``fn(*args)``; returns its `ClosedJaxpr` and the output tree."""
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    return closed, jax.tree_util.tree_structure(out_shape)
-
-
-def find_scans(closed: Any) -> list[Any]:
-    """The scan equations of a traced program, in the order `rewrite` numbers them."""
-    state = _State(choices={}, scan_eqns=[])
-    specs = [_spec(v.aval) for v in closed.jaxpr.invars]
-    jax.make_jaxpr(lambda *a: _eval(closed.jaxpr, closed.consts, a, state))(*specs)
-    return state.scan_eqns
+def planned_scans(fn: Callable, *args: Any) -> list[ScanInfo]:
+    """The scans the planner plans: those not inside another scan's body."""
+    scans = list_scans(fn, *args)
+    out, skip_until = [], -1
+    for info in scans:
+        if info.position <= skip_until:
+            continue
+        out.append(info)
+        skip_until = info.position + _count(info.jaxpr.jaxpr, {})
+    return out
 
 
 def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
-    """``fn`` with its scans re-run as ``choices`` says (scans not in ``choices`` unchanged).
+    """``fn`` with the scans at the positions in ``choices`` re-run as they say.
 
-    The returned function traces ``fn`` on each call, so it takes the same arguments
-    (pytrees of arrays) and returns the same pytree.
+    Each chosen scan's body is evaluated with every value tagged (see `eval_tagged`) and
+    checkpointed with ``save_only_these_names(*choice.names)``; a schedule other than
+    ``"per_step"`` runs the scan with `remat.scan`. Other scans are left as they are.
     """
     choices = dict(choices)
 
-    @functools.wraps(fn)
-    def rewritten(*args):
-        flat_args, _ = jax.tree_util.tree_flatten(args)
-        closed, out_tree = trace(fn, args)
-        state = _State(choices=choices, scan_eqns=[])
-        outs = _eval(closed.jaxpr, closed.consts, flat_args, state)
-        return jax.tree_util.tree_unflatten(out_tree, outs)
+    def chosen(info: ScanInfo) -> ScanChoice | None:
+        choice = choices.get(info.position)
+        return None if choice is None or choice.names is None else choice
 
-    return rewritten
+    def transform(info: ScanInfo, body: Any) -> Any:
+        choice = chosen(info)
+        if choice is None:
+            return None
+        flat = flatten(info.jaxpr)
+        nk = info.num_carry
+
+        def tagged(consts, carry, xs):
+            outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
+            return list(outs[:nk]), list(outs[nk:])
+
+        if choice.schedule == "per_step":
+            policy = jax.checkpoint_policies.save_only_these_names(*choice.names)
+            return jax.checkpoint(tagged, policy=policy, prevent_cse=False)
+        return tagged
+
+    def loop(info: ScanInfo, body: Any, consts, init, xs):
+        choice = chosen(info)
+        if choice is None or choice.schedule in ("per_step", "none"):
+            return lax_loop(info, body, consts, init, xs)
+        from ._scan import scan  # the schedules of `remat.scan`
+
+        def step(carry, x):
+            return body(consts, carry, x)
+
+        policy = jax.checkpoint_policies.save_only_these_names(*choice.names)
+        return scan(
+            step, list(init), list(xs), length=info.length, reverse=info.reverse,
+            schedule=choice.schedule, policy=policy,
+        )  # fmt: skip
+
+    return rewrite_scans(fn, transform, loop)
