@@ -15,6 +15,8 @@ import sys
 # command name -> module that registers it (imported lazily so `remat --help` is fast).
 COMMANDS = {
     "demo": "remat._cli_demo",
+    "measure": "remat._cli_measure",
+    "compare": "remat._cli_compare",
 }
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
