@@ -159,9 +159,7 @@ def model_scan(info: ScanInfo) -> ScanModel:
         inputs = tuple(
             sorted({where[v] for v in e.invars if not isinstance(v, jcore.Literal) and v in where})
         )
-        invariant = all(
-            isinstance(v, jcore.Literal) or v in invariant_vars for v in e.invars
-        )
+        invariant = all(isinstance(v, jcore.Literal) or v in invariant_vars for v in e.invars)
         flops = eqn_flops(e)
         for k, var in enumerate(e.outvars):
             if invariant:
@@ -199,9 +197,7 @@ def model_scan(info: ScanInfo) -> ScanModel:
     )
 
 
-def _needed(
-    flat: Any, index: int, names: dict[str, int], nc: int, nk: int
-) -> tuple[set[int], int]:
+def _needed(flat: Any, index: int, names: dict[str, int], nc: int, nk: int) -> tuple[set[int], int]:
     """Which values the backward pass of one step needs, and the bytes of unnamed residuals."""
     policy = jax.checkpoint_policies.save_only_these_names(*names)
     body = jax.checkpoint(lambda *a: eval_tagged(flat, index, a), policy=policy)

@@ -168,6 +168,7 @@ def solve(
     *,
     options: Sequence[Option] = (),
     fixed_bytes: float = 0,
+    transient_weight: float = 1.0,
     minimize: str = "flops",
     time_limit: float = 30.0,
 ) -> Solution | None:
@@ -179,6 +180,8 @@ def solve(
       options: alternatives, exactly one chosen per group (see `Option`); nodes that belong
         to an option exist only when it is chosen.
       fixed_bytes: memory that does not depend on the choice.
+      transient_weight: the fraction of the transient memory counted against the budget
+        (calibrated on the compiled program: XLA fuses much of a step's recomputation).
       minimize: ``"flops"`` (the cheapest choice that fits) or ``"memory"`` (the smallest
         memory reachable at all, whatever it costs; the budget is ignored).
       time_limit: seconds HiGHS may take.
@@ -215,7 +218,7 @@ def solve(
     for i, node in enumerate(nodes):
         mem[i] = node.bytes * node.multiplicity
         flops[n + i] = node.recompute_flops
-    mem[t] = 1.0
+    mem[t] = transient_weight
     for k, opt in enumerate(options):
         mem[y + k] = opt.bytes
         flops[y + k] = opt.flops
@@ -281,6 +284,7 @@ def solve(
     if result.x is None:
         return None
     solution = _solution(nodes, options, np.round(result.x))
-    if minimize == "flops" and fixed_bytes + solution.memory_bytes > budget_bytes * (1 + 1e-6):
+    used = fixed_bytes + solution.saved_bytes + transient_weight * solution.transient_bytes
+    if minimize == "flops" and used > budget_bytes * (1 + 1e-6):
         return None
     return solution
