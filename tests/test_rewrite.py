@@ -7,6 +7,7 @@ by `jax.vjp`, dot products in the gradient's jaxpr and XLA's compiled memory ana
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import jax
@@ -33,6 +34,7 @@ def mlp(ws, x):
     return jnp.sum(h**2)
 
 
+@functools.cache
 def mlp_args():
     kw, kx = jax.random.split(jax.random.key(0))
     return jax.random.normal(kw, (L, D, D)) * 0.3, jax.random.normal(kx, (B, D))
@@ -69,9 +71,20 @@ def two_scans_args():
 
 def check_twin(f, f2, *args, argnums=0):
     """Values and gradients of a scalar ``f2`` equal ``f``'s (both compiled, to keep it fast)."""
-    want = jax.jit(jax.value_and_grad(f, argnums=argnums))(*args)
+    want = _plain(f, argnums, *args)
     got = jax.jit(jax.value_and_grad(f2, argnums=argnums))(*args)
     assert_tree_allclose(got, want, scale=10)
+
+
+_PLAIN: dict = {}
+
+
+def _plain(f, argnums, *args):
+    """The plain twin's value and gradient, computed once per (function, arguments)."""
+    key = (f, argnums, tuple(map(id, jax.tree_util.tree_leaves(args))))
+    if key not in _PLAIN:
+        _PLAIN[key] = (jax.jit(jax.value_and_grad(f, argnums=argnums))(*args), args)
+    return _PLAIN[key][0]
 
 
 def n_residuals(f, *args, shape):
@@ -288,6 +301,27 @@ def test_compiled_memory_full_below_dots_below_none():
     assert full < dots < none
     assert none - full >= 2 * stack
     assert none - dots >= stack // 2
+
+
+def test_schedules_run_through_remat_scan():
+    """A Strategy with a schedule runs the scan with `remat.scan`: 16 layers keep 16 carries
+    per step ("per_step"), sqrt(16) = 4 with two nested levels, and at most snapshots + 1 = 3
+    carry rows with Binomial(2)."""
+    n = 16
+    ws = jax.random.normal(jax.random.key(2), (n, D, D)) * 0.3
+    x = mlp_args()[1]
+    carries = {}
+    for schedule in ["per_step", remat.Nested(2), remat.Binomial(2)]:
+        f2 = remat.apply(mlp, remat.Strategy("full", schedule=schedule))
+        check_twin(mlp, f2, ws, x, argnums=(0, 1))
+        _, vjp = jax.vjp(f2, ws, x)
+        carries[str(schedule)] = [
+            leaf.shape[0] for leaf in jax.tree_util.tree_leaves(vjp) if leaf.shape[1:] == (B, D)
+        ]
+    assert carries["per_step"] == [n]
+    assert carries["Nested(levels=2, lengths=None)"] == [4]
+    assert 1 <= max(carries["Binomial(snapshots=2)"]) <= 3
+    assert remat.apply(mlp, remat.Strategy("full", schedule="none")) is mlp
 
 
 ### The no-scan fallback and bad input

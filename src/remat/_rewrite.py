@@ -532,7 +532,7 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
                 length=info.length,
                 reverse=info.reverse,
                 schedule=schedule,
-                policy=policy,
+                policy=strategy.policy,
             )
 
         return transform, loop
