@@ -27,13 +27,15 @@ _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*\(.*\{\s*$")
 _SHAPE = re.compile(r"^[a-z]+[0-9]*\[(?P<dims>[^\]]*)\]")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
-_INIT = re.compile(r'"known_init_step"\s*:\s*\{\s*"init"\s*:\s*"(-?\d+)"\s*,\s*"step"\s*:\s*"(-?\d+)"')
+_INIT = re.compile(
+    r'"known_init_step"\s*:\s*\{\s*"init"\s*:\s*"(-?\d+)"\s*,\s*"step"\s*:\s*"(-?\d+)"'
+)
 _CONSTANT = re.compile(r"^s\d+\[\]|^u\d+\[\]")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__onednn$matmul")
 _CONV_TARGETS = ("__cudnn$conv",)
 
 _UNKNOWN_TRIP = (
-    "`remat.hlo_flops` could not find the trip count of the while loop {name!r} (no "
+    "`remat.measure` (FLOP count) could not find the trip count of the while loop {name!r} (no "
     "`known_trip_count` and no `compare` against a constant in its condition); its body is "
     "counted once, so the FLOPs are a lower bound."
 )
@@ -71,10 +73,7 @@ def _parse_instr(line: str) -> _Instr | None:
     name, sep, rest = line.partition(" = ")
     if not sep:
         return None
-    if rest.startswith("("):
-        end = _match_paren(rest, 0)
-    else:
-        end = rest.find(" ")
+    end = _match_paren(rest, 0) if rest.startswith("(") else rest.find(" ")
     shape, rest = rest[:end], rest[end:].lstrip()
     paren = rest.find("(")
     if paren < 0:
@@ -82,7 +81,9 @@ def _parse_instr(line: str) -> _Instr | None:
     opcode = rest[:paren]
     close = _match_paren(rest, paren)
     args = rest[paren + 1 : close - 1]
-    return _Instr(name.lstrip("%"), shape, opcode, tuple(_OPERAND.findall(args)), args, rest[close:])
+    return _Instr(
+        name.lstrip("%"), shape, opcode, tuple(_OPERAND.findall(args)), args, rest[close:]
+    )
 
 
 def _parse_module(hlo_text: str) -> tuple[dict[str, list[_Instr]], str | None]:
@@ -138,14 +139,15 @@ def _dot_flops(result: str, lhs: str, contracting: tuple[int, ...]) -> float:
 def _window(attrs: str) -> dict[str, list[tuple[int, ...]]]:
     m = re.search(r"window=\{([^}]*)\}", attrs)
     out: dict[str, list[tuple[int, ...]]] = {}
-    for item in (m[1].split() if m else []):
+    for item in m[1].split() if m else []:
         key, _, value = item.partition("=")
         out[key] = [tuple(int(p) for p in part.split("_")) for part in value.split("x")]
     return out
 
 
-def _valid_pairs(size: int, out: int, k: int, pad_lo: int, stride: int, lhs_dil: int,
-                 rhs_dil: int) -> int:
+def _valid_pairs(
+    size: int, out: int, k: int, pad_lo: int, stride: int, lhs_dil: int, rhs_dil: int
+) -> int:
     """(output position, kernel tap) pairs of one spatial dim that read a real input element."""
     o = np.arange(out)[:, None]
     t = np.arange(k)[None, :]
@@ -176,8 +178,15 @@ def _conv_flops(result: str, lhs: str, kernel: str, attrs: str) -> float:
 
         if len(lhs_dims) == len(in_labels) and c in in_labels:
             size = lhs_dims[in_labels.index(c)]
-            pairs *= _valid_pairs(size, out, k, get("pad", (0, 0))[0], get("stride", (1,))[0],
-                                  get("lhs_dilate", (1,))[0], get("rhs_dilate", (1,))[0])
+            pairs *= _valid_pairs(
+                size,
+                out,
+                k,
+                get("pad", (0, 0))[0],
+                get("stride", (1,))[0],
+                get("lhs_dilate", (1,))[0],
+                get("rhs_dilate", (1,))[0],
+            )
         else:
             pairs *= out * k
     per_output = k_dims[k_labels.index("i")] if "i" in k_labels else 1
@@ -200,9 +209,7 @@ def _gemm_flops(instr: _Instr, shapes: dict[str, str]) -> float:
 class _Counter:
     def __init__(self, hlo_text: str):
         self.comps, self.entry = _parse_module(hlo_text)
-        self.shapes = {
-            c: {i.name: i.shape for i in instrs} for c, instrs in self.comps.items()
-        }
+        self.shapes = {c: {i.name: i.shape for i in instrs} for c, instrs in self.comps.items()}
         self.unknown_loops: list[str] = []
         self.flops = cache(self._flops)
 
@@ -213,7 +220,9 @@ class _Counter:
             op = instr.opcode
             if op == "dot" and instr.operands:
                 lhs = shapes.get(instr.operands[0], "")
-                total += _dot_flops(instr.shape, lhs, _int_list(instr.attrs, "lhs_contracting_dims"))
+                total += _dot_flops(
+                    instr.shape, lhs, _int_list(instr.attrs, "lhs_contracting_dims")
+                )
             elif op == "convolution" and len(instr.operands) >= 2:
                 lhs, kernel = (shapes.get(o, "") for o in instr.operands[:2])
                 total += _conv_flops(instr.shape, lhs, kernel, instr.attrs)
@@ -314,7 +323,7 @@ def hlo_flops(hlo_text: str) -> float:
     counter = _Counter(hlo_text)
     if counter.entry is None:
         raise ValueError(
-            "`remat.hlo_flops` got text with no ENTRY computation; pass the optimised HLO "
+            "`remat._hlo.hlo_flops` got text with no ENTRY computation; pass the optimised HLO "
             "module text, e.g. `jax.jit(f).lower(*args).compile().as_text()`."
         )
     total = counter.flops(counter.entry)
