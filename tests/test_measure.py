@@ -8,11 +8,11 @@ import inspect
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import assert_tree_allclose
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import remat
+from conftest import assert_tree_allclose
 from remat._checkpoints import recompute_requested, strip_checkpoints
 from remat._measure import measure_compiled
 from remat._residuals import saved_residuals
