@@ -88,7 +88,7 @@ class _Origin:
         self.source: str | None = None
 
 
-@functools.lru_cache(maxsize=64)  # jaxprs hash by identity
+@functools.lru_cache(maxsize=64)  # jaxprs hash by identity; cleared after each use
 def _producers(jaxpr: Any) -> dict[Any, tuple[Any, int]]:
     return {v: (eqn, i) for eqn in jaxpr.eqns for i, v in enumerate(eqn.outvars)}
 
@@ -210,27 +210,29 @@ def residuals_of_jaxpr(jaxpr: Any, residual_vars: Sequence[Any]) -> tuple[Residu
     Returns:
       One `remat.Residual` per residual, per copy, with its multiplicity.
     """
-    out = []
-    for var in residual_vars:
-        if isinstance(var, jcore.Literal):
-            aval, mult = var.aval, 1
-        else:
-            aval, mult = _walk(jaxpr, var, 1)
-        origin = _Origin()
-        _find_origin(jaxpr, var, origin, None, set())
-        shape, dtype, nbytes = _nbytes(aval)
-        out.append(
-            Residual(
-                shape=shape,
-                dtype=dtype,
-                bytes=nbytes,
-                multiplicity=mult,
-                primitive=origin.primitive,
-                name=origin.name,
-                source=origin.source,
-            )
-        )
-    return tuple(out)
+    try:
+        return tuple(_describe(jaxpr, var) for var in residual_vars)
+    finally:
+        _producers.cache_clear()  # do not keep the program's jaxprs (and constants) alive
+
+
+def _describe(jaxpr: Any, var: Any) -> Residual:
+    if isinstance(var, jcore.Literal):
+        aval, mult = var.aval, 1
+    else:
+        aval, mult = _walk(jaxpr, var, 1)
+    origin = _Origin()
+    _find_origin(jaxpr, var, origin, None, set())
+    shape, dtype, nbytes = _nbytes(aval)
+    return Residual(
+        shape=shape,
+        dtype=dtype,
+        bytes=nbytes,
+        multiplicity=mult,
+        primitive=origin.primitive,
+        name=origin.name,
+        source=origin.source,
+    )
 
 
 def saved_residuals(
