@@ -10,6 +10,7 @@ that produced it, its `checkpoint_name` and the line of user code it came from.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ try:  # the frames of remat's own modules are not "user code"
 except Exception:  # pragma: no cover - private JAX API moved
     _source_info = None
 
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
 _LOOK_THROUGH = ("reduce_precision", "copy", "copy_p")
 
 
@@ -45,11 +47,15 @@ def _source(eqn: Any) -> str | None:
     if _source_info is None:
         return None
     try:
-        frame = _source_info.user_frame(eqn.source_info.traceback)
+        frames = list(_source_info.user_frames(eqn.source_info.traceback))
     except Exception:  # pragma: no cover - private JAX API moved
         return None
-    if frame is None:
+    if not frames:
         return None
+    # prefer the user's own line (e.g. the model code) to a line inside an installed
+    # library such as flax.linen that the user's line called
+    own = [f for f in frames if not any(p in f.file_name for p in _LIBRARY_DIRS)]
+    frame = (own or frames)[0]
     path = frame.file_name
     try:
         rel = os.path.relpath(path)
@@ -82,12 +88,14 @@ class _Origin:
         self.source: str | None = None
 
 
+@functools.lru_cache(maxsize=64)  # jaxprs hash by identity; cleared after each use
 def _producers(jaxpr: Any) -> dict[Any, tuple[Any, int]]:
     return {v: (eqn, i) for eqn in jaxpr.eqns for i, v in enumerate(eqn.outvars)}
 
 
-def _find_origin(jaxpr: Any, var: Any, origin: _Origin, outer: Callable[[int], None] | None,
-                 seen: set[Any]) -> None:
+def _find_origin(
+    jaxpr: Any, var: Any, origin: _Origin, outer: Callable[[int], None] | None, seen: set[Any]
+) -> None:
     """Fills ``origin`` by following ``var`` back to the equation that produced it.
 
     ``outer(i)`` continues with the i-th input of the enclosing call when ``var`` is an
@@ -115,7 +123,6 @@ def _find_origin(jaxpr: Any, var: Any, origin: _Origin, outer: Callable[[int], N
         origin.primitive = "unknown"
         return
     eqn, index = producer
-    prim = eqn.primitive.name
     try:
         _follow(jaxpr, eqn, index, origin, outer, seen)
     finally:
@@ -124,8 +131,14 @@ def _find_origin(jaxpr: Any, var: Any, origin: _Origin, outer: Callable[[int], N
             origin.source = _source(eqn)
 
 
-def _follow(jaxpr: Any, eqn: Any, index: int, origin: _Origin,
-            outer: Callable[[int], None] | None, seen: set[Any]) -> None:
+def _follow(
+    jaxpr: Any,
+    eqn: Any,
+    index: int,
+    origin: _Origin,
+    outer: Callable[[int], None] | None,
+    seen: set[Any],
+) -> None:
     prim = eqn.primitive.name
 
     def continue_outer(i: int, eqn=eqn) -> None:
@@ -143,8 +156,9 @@ def _follow(jaxpr: Any, eqn: Any, index: int, origin: _Origin,
         def from_body_input(i: int, eqn=eqn) -> None:
             if num_consts <= i < num_consts + num_carry:
                 # the carry at step t is what the body produced at step t - 1
-                _find_origin(body.jaxpr, body.jaxpr.outvars[i - num_consts], origin,
-                             from_body_input, seen)
+                _find_origin(
+                    body.jaxpr, body.jaxpr.outvars[i - num_consts], origin, from_body_input, seen
+                )
             else:
                 continue_outer(i)
 
@@ -196,31 +210,34 @@ def residuals_of_jaxpr(jaxpr: Any, residual_vars: Sequence[Any]) -> tuple[Residu
     Returns:
       One `remat.Residual` per residual, per copy, with its multiplicity.
     """
-    out = []
-    for var in residual_vars:
-        if isinstance(var, jcore.Literal):
-            aval, mult = var.aval, 1
-        else:
-            aval, mult = _walk(jaxpr, var, 1)
-        origin = _Origin()
-        _find_origin(jaxpr, var, origin, None, set())
-        shape, dtype, nbytes = _nbytes(aval)
-        out.append(
-            Residual(
-                shape=shape,
-                dtype=dtype,
-                bytes=nbytes,
-                multiplicity=mult,
-                primitive=origin.primitive,
-                name=origin.name,
-                source=origin.source,
-            )
-        )
-    return tuple(out)
+    try:
+        return tuple(_describe(jaxpr, var) for var in residual_vars)
+    finally:
+        _producers.cache_clear()  # do not keep the program's jaxprs (and constants) alive
 
 
-def saved_residuals(fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0
-                    ) -> tuple[Residual, ...]:
+def _describe(jaxpr: Any, var: Any) -> Residual:
+    if isinstance(var, jcore.Literal):
+        aval, mult = var.aval, 1
+    else:
+        aval, mult = _walk(jaxpr, var, 1)
+    origin = _Origin()
+    _find_origin(jaxpr, var, origin, None, set())
+    shape, dtype, nbytes = _nbytes(aval)
+    return Residual(
+        shape=shape,
+        dtype=dtype,
+        bytes=nbytes,
+        multiplicity=mult,
+        primitive=origin.primitive,
+        name=origin.name,
+        source=origin.source,
+    )
+
+
+def saved_residuals(
+    fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0
+) -> tuple[Residual, ...]:
     """What `jax.vjp` of ``fn`` with respect to ``args[argnums]`` keeps for the backward pass.
 
     Each residual is reported per copy: a value kept at every step of a ``lax.scan`` of
