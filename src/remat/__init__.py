@@ -28,6 +28,7 @@ from ._rewrite import list_scans as list_scans
 from ._rewrite import rewrite_scans as rewrite_scans
 
 # --- measure, compare, report (issue 3) ---
+from ._measure import measure as measure
 from ._compare import compare as compare
 from ._report import Report as Report
 
