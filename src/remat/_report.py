@@ -299,6 +299,7 @@ class Report:
         y: str = "flops",
         extra: Sequence[tuple[str, float, float]] = (),
         budget: float | None = None,
+        budget_label: str = "memory budget",
     ) -> Path:
         """Draws peak memory against step FLOPs (or time) into a PNG, written atomically.
 
@@ -312,6 +313,7 @@ class Report:
             ``(label, peak_bytes, flops)`` or, for ``y="time"``, ``(label, peak_bytes,
             seconds)``. They are drawn as diamonds and take part in the drawn front.
           budget: a memory budget in bytes, drawn as a vertical dashed line.
+          budget_label: its legend entry.
 
         Returns:
           ``path``.
@@ -322,7 +324,7 @@ class Report:
         """
         from ._plot import plot_report
 
-        return plot_report(self, path, y=y, extra=extra, budget=budget)
+        return plot_report(self, path, y=y, extra=extra, budget=budget, budget_label=budget_label)
 
     # --- JSON ---
 
