@@ -33,6 +33,10 @@ from ._compare import compare as compare
 from ._report import Report as Report
 
 # --- scan, revolve (issue 4) ---
+from ._revolve import Action as Action
+from ._revolve import revolve_cost as revolve_cost
+from ._revolve import revolve_schedule as revolve_schedule
+from ._scan import scan as scan
 
 # --- plan (issue 5) ---
 
