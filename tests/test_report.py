@@ -157,3 +157,41 @@ def test_plot_rejects_bad_y_and_untimed_reports(tmp_path, report):
 
 def test_report_is_public():
     assert remat.Report is Report
+
+
+def test_labels_do_not_overlap_each_other_or_leave_the_axes():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from remat._plot import _overlap, _place_labels
+
+    fig = Figure(figsize=(7.0, 4.8), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    # a crowded cluster, two coincident points, and points at the edges
+    points = [
+        (f"strategy_{i}", 10 + (i % 3) * 0.3, 5 + (i // 3) * 0.2, "strategy") for i in range(9)
+    ]
+    points += [("twin_a", 20.0, 8.0, "strategy"), ("twin_b", 20.0, 8.0, "strategy")]
+    points += [("left_edge", 0.0, 0.0, "baseline"), ("right_edge", 30.0, 10.0, "strategy")]
+    ax.scatter([p[1] for p in points], [p[2] for p in points])
+    ax.set_xlim(-1, 31)
+    ax.set_ylim(-1, 11)
+    _place_labels(fig, ax, points, "left_edge", [(0, 11), (0, 0), (31, 0)])
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in ax.texts if t.get_text()]
+    assert sorted(t.get_text() for t in texts) == sorted(
+        [f"strategy_{i}" for i in range(9)]
+        + ["twin_a, twin_b", "left_edge (baseline)", "right_edge"]
+    )
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    axes_box = ax.get_window_extent(renderer)
+    for i, a in enumerate(boxes):
+        assert (
+            axes_box.x0 <= a.x0
+            and a.x1 <= axes_box.x1
+            and axes_box.y0 <= a.y0
+            and a.y1 <= axes_box.y1
+        )
+        for b in boxes[i + 1 :]:
+            assert _overlap(a, b) == 0.0
