@@ -97,3 +97,22 @@ def test_report_of_a_sharded_program_says_per_device(cases):
     out = result(cases, "report_says_per_device")
     assert out["num_devices"] == 8 and out["per_device"]
     assert "(per device, 8 devices)" in out["title_line"]
+
+
+def test_plan_of_the_sharded_gpt_fits_its_per_device_budget(cases):
+    out = result(cases, "plan_sharded_gpt")
+    assert out["devices"] == 8
+    assert out["budget"] == int(0.7 * out["baseline"])  # 70% of the per-device baseline
+    assert out["measured"] <= out["budget"]
+    assert out["grads_equal"]
+
+
+def test_planner_models_data_parallel_values_per_device(cases):
+    """Batch 256 over 8 devices: each (batch, 32) float32 value is 32 * 32 * 4 bytes per
+    device, not the 256 * 32 * 4 = 32 KiB of the global array; and the per-device budget (80%
+    of the unplanned 8-way peak) is far below what the one-device program needs."""
+    out = result(cases, "plan_data_parallel_budget")
+    assert out["model_value_bytes"] == [256 // 8 * 32 * 4]
+    assert out["devices"] == 8
+    assert out["eight_peak"] <= out["budget"] < out["one_peak"] / 4
+    assert out["grads_equal"]

@@ -38,6 +38,8 @@ from ._measure import _check_args
 from ._measurement import Measurement
 from ._milp import Node, Option, Solution, solve
 from ._schedule import Binomial, Nested, Schedule
+from ._shard_counts import scan_input_splits
+from ._sharding import is_sharded, num_devices
 from ._tag import ScanChoice, planned_scans, rewrite
 
 PLAN_FORMAT = 1
@@ -439,7 +441,8 @@ def plan(
     infos = planned_scans(fn, *args)
     if not infos:
         raise ValueError(_NO_SCAN.format(name=f"`{getattr(fn, '__qualname__', repr(fn))}`"))
-    models = model_scans(infos)
+    splits, devices = scan_input_splits(fn, *args) if is_sharded(args) else ({}, 1)
+    models = model_scans(infos, splits, devices)  # per device, for a sharded program
     cands = _candidates(models, schedules)
     nodes, options, offsets = _assemble(cands)
     print_ = fingerprint(fn, *args)
@@ -563,7 +566,7 @@ def _compile_measure(
         seconds=None,
         strategy=label,
         backend=jax.default_backend(),
-        num_devices=1,
+        num_devices=num_devices(compiled),
         plain_flops=None if baseline is None else baseline.flops,
     )
 

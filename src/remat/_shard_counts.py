@@ -27,6 +27,7 @@ errs on the side of fitting. A dimension's split never exceeds, and always divid
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -246,13 +247,18 @@ def _eqn(eqn: Any, ins: list[Splits], env: _Env) -> list[Splits]:
     return _same_shape_rule(eqn, ins)
 
 
-def shard_counts(jaxpr: Any, in_shardings: Sequence[Any]) -> dict[Any, int]:
+def shard_counts(
+    jaxpr: Any, in_shardings: Sequence[Any], num_devices: int | None = None
+) -> dict[Any, int]:
     """Into how many pieces each value of ``jaxpr`` (and of its sub-jaxprs) is split.
 
     Args:
       jaxpr: a (closed) jaxpr, e.g. from `jax.make_jaxpr`.
-      in_shardings: one sharding (or None for a whole value) per input of ``jaxpr``, e.g.
+      in_shardings: one sharding (or None for a whole value, or a tuple of per-dimension
+        splits) per input of ``jaxpr``, e.g.
         ``[x.sharding for x in jax.tree_util.tree_leaves(args)]``.
+      num_devices: the most pieces a value can be split into; default: the largest mesh
+        among ``in_shardings``.
 
     Returns:
       A dict from each variable to its number of pieces: its per-device bytes are its bytes
@@ -268,11 +274,17 @@ def shard_counts(jaxpr: Any, in_shardings: Sequence[Any]) -> dict[Any, int]:
     env = _Env()
     opened = _open(jaxpr)
     in_shardings = list(in_shardings)
-    ins = [splits_of(_shape(v), s) for v, s in zip(opened.invars, in_shardings, strict=True)]
+    ins = [
+        _fit(v, s) if isinstance(s, tuple) else splits_of(_shape(v), s)
+        for v, s in zip(opened.invars, in_shardings, strict=True)
+    ]
     _run(jaxpr, ins, env)
     # No value is split into more pieces than there are devices (a merge of splits along
     # different dimensions can overshoot when two of them come from the same mesh axis).
-    cap = max((_num_devices(s) for s in in_shardings if s is not None), default=1)
+    cap = num_devices or max(
+        (_num_devices(s) for s in in_shardings if isinstance(s, jax.sharding.Sharding)),
+        default=max((math.prod(s) for s in in_shardings if isinstance(s, tuple)), default=1),
+    )
     return {var: min(math.prod(splits), cap) for var, splits in env.splits.items()}
 
 
@@ -284,3 +296,48 @@ def _num_devices(sharding: Any) -> int:
         return len(sharding.device_set)
     except (ValueError, AttributeError):
         return 1
+
+
+def per_device_residuals(
+    closed: Any, leaves: Sequence[Any], residual_vars: Sequence[Any], residuals: Sequence[Any]
+) -> tuple[Any, ...]:
+    """``residuals`` (`remat.Residual`) with their bytes divided by their shard counts.
+
+    ``closed`` is the traced forward program, ``leaves`` its flat arguments (whose
+    shardings seed the propagation) and ``residual_vars`` its residual outputs, one per
+    residual. Returns ``residuals`` unchanged when no argument is sharded.
+    """
+    from ._sharding import _sharding_of, is_sharded
+
+    if not is_sharded(list(leaves)):
+        return tuple(residuals)
+    counts = shard_counts(closed, [_sharding_of(x) for x in leaves])
+    return tuple(
+        dataclasses.replace(r, bytes=r.bytes // max(1, counts.get(v, 1)))
+        if not isinstance(v, core.Literal)
+        else r
+        for v, r in zip(residual_vars, residuals, strict=True)
+    )
+
+
+def scan_input_splits(fn: Any, *args: Any) -> tuple[dict[int, list[Splits]], int]:
+    """Per scan of ``fn`` (by `remat.list_scans` position), the splits of its body's inputs.
+
+    Returns ``({position: [splits of each body input]}, number of devices)``; the body
+    inputs are ``consts + carry + xs`` as in `remat.ScanInfo.jaxpr`.
+    """
+    from ._rewrite import _split_args, _trace
+    from ._sharding import _device_count, _sharding_of
+
+    leaves, treedef, dynamic, _ = _split_args(args, {})
+    traced = _trace(fn, leaves, treedef)
+    shardings = [_sharding_of(x) for x in dynamic]
+    env = _Env()
+    opened = traced.jaxpr.jaxpr
+    ins = [splits_of(_shape(v), s) for v, s in zip(opened.invars, shardings, strict=True)]
+    _run(traced.jaxpr, ins, env)
+    devices = max((_device_count(s) for s in shardings if s is not None), default=1)
+    splits = {
+        info.position: [env.read(v) for v in info.jaxpr.jaxpr.invars] for info in traced.scans
+    }
+    return splits, devices
