@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,12 +98,20 @@ def _scopes(eqn) -> tuple[str, ...]:
     )
 
 
-_LIBRARY_DIRS = ("/flax/", "/equinox/", "/remat/")
+def _library_dirs() -> tuple[str, ...]:
+    """Package directories whose frames are not the user's: remat's own, flax's, equinox's."""
+    dirs = [os.path.dirname(__file__)]
+    for name in ("flax", "equinox"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(module.__file__))
+    return tuple(d + os.sep for d in dirs)
 
 
 def _source(eqn) -> str:
     frames = list(source_info_util.user_frames(eqn.source_info.traceback))
-    outside = [f for f in frames if not any(d in f.file_name for d in _LIBRARY_DIRS)]
+    library = _library_dirs()
+    outside = [f for f in frames if not f.file_name.startswith(library)]
     frame = (outside or frames or [None])[0]
     return "" if frame is None else f"{frame.file_name}:{frame.start_line}"
 
