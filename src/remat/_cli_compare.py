@@ -97,7 +97,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._compare import compare
     from ._target import load_target
 
     strategies = {label: parse_strategy(label) for label in split_strategies(args.strategies)}
@@ -106,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     baseline = parse_strategy(args.baseline)
     argnums = parse_argnums(args.argnums)
     fn, fn_args = load_target(args.target)
+    from ._compare import compare  # after the cheap checks: a bad target fails fast
+
     report = compare(
         fn,
         *fn_args,

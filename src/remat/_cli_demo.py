@@ -107,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
     print(report)
     half = 0.5 * report.baseline_measurement.peak_bytes
     json_path = report.to_json(args.out / "report.json")
-    png_path = report.plot(args.out / "pareto.png", budget=half)
+    png_path = report.plot(
+        args.out / "pareto.png", budget=half, budget_label="half the baseline's peak"
+    )
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     return 0

@@ -30,12 +30,13 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ._cli_compare import parse_argnums, parse_strategy
     from ._io import atomic_write_text
-    from ._measure import measure
     from ._target import load_target
 
     strategy = parse_strategy(args.strategy) if args.strategy is not None else None
     argnums = parse_argnums(args.argnums)
     fn, fn_args = load_target(args.target)
+    from ._measure import measure  # after the cheap checks: a bad target fails fast
+
     m = measure(fn, *fn_args, argnums=argnums, strategy=strategy, repeats=args.repeats)
     _print(m, args.target)
     if args.json is not None:

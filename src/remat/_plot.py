@@ -41,8 +41,9 @@ def plot_report(
     y: str = "flops",
     extra: Sequence[tuple[str, float, float]] = (),
     budget: float | None = None,
+    budget_label: str = "memory budget",
 ) -> Path:
-    """Implements `remat.Report.plot` (``budget``: bytes; draws a vertical budget line)."""
+    """Implements `remat.Report.plot`."""
     if y not in ("flops", "time"):
         raise ValueError(_BAD_Y.format(y=y))
     # A bare Figure on an Agg canvas: no display, and nothing global (pyplot) is touched.
@@ -51,7 +52,7 @@ def plot_report(
 
     base = report.baseline_measurement
     if y == "flops":
-        yof, ylabel, yscale = (lambda m: m.flops), "step FLOPs (GFLOP)", 1e-9
+        yof, ylabel, yscale = (lambda m: m.flops), "step FLOPs, matmuls (GFLOP)", 1e-9
     else:
         if base.seconds is None or any(m.seconds is None for _, m in report.rows):
             raise ValueError(_NO_TIMES)
@@ -87,7 +88,7 @@ def plot_report(
     ax.plot([fx[0], fx[0]], [fy[0], ymax], color=_FRONT_COLOR, lw=1.4, alpha=0.8)
 
     if budget:
-        ax.axvline(budget / MIB, color=_BUDGET_COLOR, ls="--", lw=1.1, label="memory budget")
+        ax.axvline(budget / MIB, color=_BUDGET_COLOR, ls="--", lw=1.1, label=budget_label)
 
     for i, (_, px, py, kind) in enumerate(points):
         on_front = i in front
@@ -102,7 +103,7 @@ def plot_report(
             facecolor=color if on_front or kind == "baseline" else "white",
             edgecolor=color,
             linewidth=1.3,
-            zorder=3.5 if on_front else 3,
+            zorder=4 if kind == "baseline" else (3.5 if on_front else 3),
         )
     # legend entries for the marker kinds
     ax.scatter([], [], s=190, marker="*", color=_OTHER_COLOR, label="baseline")

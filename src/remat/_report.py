@@ -24,6 +24,16 @@ from ._io import atomic_write_text
 from ._measurement import Measurement
 
 _FORMAT = "remat.Report"
+_HEADERS = (
+    "strategy",
+    "peak MiB",
+    "peak ×base",
+    "residual MiB",
+    "GFLOPs",
+    "FLOPs ×base",
+    "ms/step",
+    "pareto",
+)
 _VERSION = 1
 MIB = 2.0**20
 
@@ -214,29 +224,57 @@ class Report:
         """
         from rich.table import Table
 
-        base = self.baseline_measurement
-        front = set(self.pareto())
         table = Table(title=self.title or None, caption=self._caption(), caption_justify="left")
         table.add_column("strategy", no_wrap=True)
-        for header in ("peak MiB", "peak ×base", "residual MiB", "GFLOPs", "FLOPs ×base"):
+        for header in _HEADERS[1:-1]:
             table.add_column(header, justify="right")
-        table.add_column("ms/step", justify="right")
-        table.add_column("pareto", justify="center")
+        table.add_column(_HEADERS[-1], justify="center")
+        for cells in self._cells():
+            table.add_row(*cells)
+        return table
+
+    def markdown(self) -> str:
+        """The table as GitHub-flavoured Markdown, with the machine below it.
+
+        Example:
+          >>> from remat._report import Machine, Report
+          >>> import remat
+          >>> m = remat.Measurement(2**20, "x", 0, 0, 0, 0, (), 0, 1e9, 1e9, False, False, 0.0, None)
+          >>> print(Report((("none", m),), "none", Machine("cpu", "cpu", 1, "0.10.2")).markdown())
+          | strategy | peak MiB | peak ×base | residual MiB | GFLOPs | FLOPs ×base | ms/step | pareto |
+          |---|--:|--:|--:|--:|--:|--:|:-:|
+          | none (baseline) | 1.00 | 1.00× | 0.00 | 1.000 | 1.00× | - | * |
+          <BLANKLINE>
+          machine: cpu (cpu x1), jax 0.10.2<br>* on the peak-memory/FLOPs Pareto front
+        """
+        lines = [
+            "| " + " | ".join(_HEADERS) + " |",
+            "|---|" + "--:|" * (len(_HEADERS) - 2) + ":-:|",
+        ]
+        lines += ["| " + " | ".join(cells) + " |" for cells in self._cells()]
+        return "\n".join(lines) + "\n\n" + self._caption().replace("\n", "<br>")
+
+    def _cells(self) -> list[list[str]]:
+        base = self.baseline_measurement
+        front = set(self.pareto())
+        rows = []
         for label, m in self.rows:
             name = f"{label} (baseline)" if label == self.baseline else label
             if m.recompute_eliminated:
                 name += " !"
-            table.add_row(
-                name,
-                f"{m.peak_bytes / MIB:.2f}",
-                _ratio(m.peak_bytes, base.peak_bytes),
-                f"{m.residual_bytes / MIB:.2f}",
-                f"{m.flops / 1e9:.3f}",
-                _ratio(m.flops, base.flops),
-                f"{m.seconds.median * 1e3:.1f}" if m.seconds else "-",
-                "*" if label in front else "",
+            rows.append(
+                [
+                    name,
+                    f"{m.peak_bytes / MIB:.2f}",
+                    _ratio(m.peak_bytes, base.peak_bytes),
+                    f"{m.residual_bytes / MIB:.2f}",
+                    f"{m.flops / 1e9:.3f}",
+                    _ratio(m.flops, base.flops),
+                    f"{m.seconds.median * 1e3:.1f}" if m.seconds else "-",
+                    "*" if label in front else "",
+                ]
             )
-        return table
+        return rows
 
     def _caption(self) -> str:
         lines = [f"machine: {self.machine.describe()}", "* on the peak-memory/FLOPs Pareto front"]
@@ -261,6 +299,7 @@ class Report:
         y: str = "flops",
         extra: Sequence[tuple[str, float, float]] = (),
         budget: float | None = None,
+        budget_label: str = "memory budget",
     ) -> Path:
         """Draws peak memory against step FLOPs (or time) into a PNG, written atomically.
 
@@ -274,6 +313,7 @@ class Report:
             ``(label, peak_bytes, flops)`` or, for ``y="time"``, ``(label, peak_bytes,
             seconds)``. They are drawn as diamonds and take part in the drawn front.
           budget: a memory budget in bytes, drawn as a vertical dashed line.
+          budget_label: its legend entry.
 
         Returns:
           ``path``.
@@ -284,7 +324,7 @@ class Report:
         """
         from ._plot import plot_report
 
-        return plot_report(self, path, y=y, extra=extra, budget=budget)
+        return plot_report(self, path, y=y, extra=extra, budget=budget, budget_label=budget_label)
 
     # --- JSON ---
 
