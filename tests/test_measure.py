@@ -275,3 +275,16 @@ def test_errors_name_measure(args, call, error, match):
     with pytest.raises(error, match=r"`remat\.measure`") as info:
         call(args)
     assert match in str(info.value)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="CPU expands optimisation barriers")
+def test_strategy_on_a_program_without_scan_is_eliminated_on_cpu(args):
+    def unrolled(ws, x):
+        for i in range(L):
+            x = jax.nn.relu(x @ ws[i])
+        return jnp.sum(x)
+
+    with pytest.warns(remat.RematWarning) as record:
+        m = remat.measure(unrolled, *args, strategy="full", repeats=0)
+    assert m.recompute_requested and m.recompute_eliminated
+    assert any("compiled program contains none" in str(w.message) for w in record)
