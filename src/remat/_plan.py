@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -179,7 +180,7 @@ class Plan:
         """
         from rich.console import Console
 
-        console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        console = Console(width=width, record=True, file=io.StringIO())
         console.print(self.table())
         return console.export_text()
 
