@@ -226,7 +226,8 @@ def _nested_scan(step, init, xs, n: int, lengths: tuple[int, ...], reverse: bool
         return jax.checkpoint(body, prevent_cse=False)
 
     def split(a):
-        return a[: full * block].reshape(full, block, *a.shape[1:]), a[full * block :]
+        head = a if not rest else lax.slice_in_dim(a, 0, full * block)
+        return head.reshape(full, block, *a.shape[1:]), lax.slice_in_dim(a, full * block, n)
 
     pairs = jax.tree_util.tree_map(split, xs)
     is_pair = lambda p: isinstance(p, tuple) and len(p) == 2 and not isinstance(p[0], tuple)  # noqa: E731
