@@ -21,12 +21,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import source_info_util
 from jax._src.ad_checkpoint import saved_residuals
 from jax.extend import core as jcore
 
 from ._milp import Node
-from ._rewrite import ScanInfo
+from ._rewrite import ScanInfo, _source
 from ._shard_counts import shard_counts
 from ._tag import _spec, eval_tagged, flatten, is_tagged, value_name
 
@@ -71,11 +70,9 @@ def jaxpr_flops(jaxpr: Any) -> float:
 
 
 def source_of(eqn: Any) -> str | None:
-    """``"file.py:123"`` of the user code that produced ``eqn``, if known."""
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
-    if frame is None:
-        return None
-    return f"{os.path.basename(frame.file_name)}:{frame.start_line}"
+    """``"file.py:123"`` of the code that produced ``eqn`` (outside flax/equinox if possible)."""
+    where = _source(eqn)
+    return os.path.basename(where) if where else None
 
 
 @dataclasses.dataclass(frozen=True)

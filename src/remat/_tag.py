@@ -156,7 +156,8 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
         from ._scan import scan  # the schedules of `remat.scan`
 
         def step(carry, x):
-            return body(consts, carry, x)
+            new, ys = body(consts, carry, x)
+            return type(carry)(new), ys  # the loop may hand the carry in as a tuple
 
         policy = jax.checkpoint_policies.save_only_these_names(*choice.names)
         return scan(
