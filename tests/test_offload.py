@@ -112,3 +112,41 @@ def test_transfer_cost_is_two_copies_over_the_bandwidth():
 def test_offload_strategy_string_on_cpu_says_why_and_what_instead():
     with pytest.raises(ValueError, match=r"host RAM.*'names:a,b'"):
         resolve_policy("offload:a,b", "remat.apply")
+
+
+# The planner's integer program with the third choice. A chain a -> b in a scan of 10 steps,
+# 4 bytes a copy, both needed by the backward pass; recomputing b costs 10 * 10 = 100 FLOPs.
+# Budget 50 bytes: saving both (80) does not fit, so without offloading b is recomputed.
+
+
+def chain(offload_b=None, offload_a=None):
+    from remat._milp import Node
+
+    a = Node(bytes=4, flops=20, multiplicity=10, needed=True, offload_flops=offload_a)
+    b = Node(bytes=4, flops=10, inputs=(0,), multiplicity=10, needed=True, offload_flops=offload_b)
+    return [a, b]
+
+
+def test_milp_offloads_when_the_transfer_is_cheaper_than_recomputing():
+    from remat._milp import solve
+
+    plain = solve(chain(), budget_bytes=50)
+    assert sorted(plain.recomputed) == [1] and plain.recompute_flops == 100.0
+    assert plain.offloaded == frozenset()
+    cheap = solve(chain(offload_b=30.0), budget_bytes=50)
+    assert sorted(cheap.saved) == [0] and sorted(cheap.offloaded) == [1]
+    assert cheap.recompute_flops == 0.0 and cheap.offload_flops == 30.0
+    assert cheap.memory_bytes == 40  # b costs no device memory
+    dear = solve(chain(offload_b=500.0), budget_bytes=50)
+    assert sorted(dear.recomputed) == [1] and dear.offloaded == frozenset()
+
+
+def test_milp_offloaded_values_feed_recomputation_and_free_the_budget():
+    from remat._milp import solve
+
+    # No device memory at all for residuals: a goes to the host, b is recomputed from it.
+    s = solve(chain(offload_a=5.0, offload_b=1e6), budget_bytes=4)
+    assert sorted(s.offloaded) == [0] and sorted(s.recomputed) == [1]
+    assert s.saved_bytes == 0
+    # Without offloading, 4 bytes cannot hold anything the backward pass needs.
+    assert solve(chain(), budget_bytes=4) is None
