@@ -150,3 +150,71 @@ def test_milp_offloaded_values_feed_recomputation_and_free_the_budget():
     assert s.saved_bytes == 0
     # Without offloading, 4 bytes cannot hold anything the backward pass needs.
     assert solve(chain(), budget_bytes=4) is None
+
+
+# The planner's `offload=` option.
+
+
+def scanned_loss(ws, x):
+    h, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
+    return (h**2).sum()
+
+
+ARGS = (jnp.ones((4, 8, 8)) * 0.1, jnp.ones((2, 8)))
+
+
+def test_plan_with_offload_on_cpu_says_why_in_one_warning_and_plans_without():
+    import remat
+
+    with pytest.warns(remat.RematWarning, match=r"offload=True, but .*host RAM") as record:
+        planned = remat.plan(scanned_loss, *ARGS, budget=0.9, offload=True)
+    ours = [w for w in record if "offload=True" in str(w.message)]
+    assert len(ours) == 1 and "\n" not in str(ours[0].message)
+    plain = remat.plan(scanned_loss, *ARGS, budget=0.9)
+    assert [s.names for s in planned.scans] == [s.names for s in plain.scans]
+    assert all(s.offloaded == () for s in planned.scans)
+
+
+def test_plan_rejects_a_bandwidth_that_is_not_positive():
+    import remat
+
+    with pytest.raises(ValueError, match=r"`remat.plan`.*host_bandwidth"):
+        remat.plan(scanned_loss, *ARGS, budget=0.9, host_bandwidth=-1.0)
+
+
+def test_offload_costs_are_transfer_seconds_at_the_matmul_rate():
+    from remat._costmodel import model_scans
+    from remat._plan import _assemble, _candidates, offload_costs
+    from remat._tag import planned_scans
+
+    models = model_scans(planned_scans(scanned_loss, *ARGS))
+    cands = _candidates(models, False)
+    nodes, _, offsets = _assemble(cands)
+    priced = offload_costs(nodes, cands, offsets, models, 1e9, flops_per_second=1e12)
+    for node, value in zip(priced, models[0].values, strict=True):
+        if value.primitive == "carry":
+            assert node.offload_flops is None
+        else:  # (2, 8) float32 = 64 bytes, 4 copies, out and back at 1 GB/s, 1 TFLOP/s
+            assert node.bytes * node.multiplicity == 64 * 4
+            assert node.offload_flops == pytest.approx(2 * 256 / 1e9 * 1e12)
+
+
+def test_an_offloading_plan_moves_values_to_host_memory_and_survives_json(tmp_path):
+    """The rewrite of an offloading choice (what a GPU plan would run), loaded back from JSON."""
+    import remat
+    from remat._plan import load_plan
+
+    planned = remat.plan(scanned_loss, *ARGS, budget=1.0, schedules=False)
+    (scan,) = planned.scans
+    names = tuple(v.name for v in scan.saved if v.primitive != "carry") or ("remat_s0_e0",)
+    offloading = dataclasses.replace(
+        planned, scans=(dataclasses.replace(scan, names=(), offloaded=names),)
+    )
+    path = offloading.to_json(tmp_path / "plan.json")
+    loaded = load_plan(path, scanned_loss, *ARGS)
+    assert loaded.scans[0].offloaded == names
+    jaxpr = str(jax.make_jaxpr(jax.grad(loaded.fn))(*ARGS))
+    assert "device_put" in jaxpr and "Host" in jaxpr  # to host and back
+    from conftest import assert_tree_allclose
+
+    assert_tree_allclose(jax.grad(loaded.fn)(*ARGS), jax.grad(scanned_loss)(*ARGS))

@@ -27,7 +27,11 @@ When is offloading possible? The rule, read from the device's memory spaces
 
 from __future__ import annotations
 
+import functools
+import time
+
 import jax
+import jax.numpy as jnp
 
 # Bytes per second between device and host memory, per device. PCIe 4.0 x16 moves ~25 GB/s in
 # each direction in practice (32 GB/s nominal); NVLink-C2C hosts (GH200) are an order faster.
@@ -101,3 +105,25 @@ def transfer_seconds(num_bytes: float, host_bandwidth: float = HOST_BANDWIDTH) -
             "of bytes per second (default 25e9)."
         )
     return 2.0 * float(num_bytes) / float(host_bandwidth)
+
+
+@functools.cache
+def device_flops_per_second(size: int = 1024, repeats: int = 5) -> float:
+    """The default device's measured float32 matmul rate, FLOP/s (cached per process).
+
+    The planner uses it to put transfer seconds and recomputed FLOPs in one objective.
+
+    Example:
+      >>> from remat._offload import device_flops_per_second
+      >>> device_flops_per_second(64, 1) > 0
+      True
+    """
+    a = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x).lower(a).compile()
+    jax.block_until_ready(matmul(a))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a))
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / max(best, 1e-9)

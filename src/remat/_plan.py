@@ -43,6 +43,7 @@ from ._io import atomic_write_text
 from ._measure import _check_args
 from ._measurement import Measurement
 from ._milp import Node, Option, Solution, solve
+from ._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from ._schedule import Binomial, Nested, Schedule
 from ._shard_counts import scan_input_splits
 from ._sharding import is_sharded, num_devices
@@ -62,6 +63,7 @@ _INFEASIBLE = (
     "un-checkpointed peak {baseline}). Raise the budget to at least {smallest}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
+_NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
 _CHANGED = (
     "`remat.load_plan` refuses the plan in {path}: it was made for a different program (its "
     "fingerprint {saved} is not {now}, the fingerprint of the function traced at these "
@@ -119,6 +121,7 @@ class ScanPlan:
     names: tuple[str, ...]
     saved: tuple[SavedValue, ...]
     recompute_flops: float
+    offloaded: tuple[str, ...] = ()  # names kept in host memory between the passes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +352,11 @@ def _decode_solution(
             )
         values = [model.values[i] for i in idx]
         names = tuple(v.name for v in values if v.primitive != "carry")
+        offloaded = tuple(
+            v.name
+            for i, v in enumerate(model.values)
+            if not cand.save_all and offsets[o] + i in solution.offloaded
+        )
         saved = tuple(
             SavedValue(
                 name=v.name,
@@ -362,7 +370,7 @@ def _decode_solution(
             for v in values
         )
         position = _positions(models)[cand.scan]
-        choices[position] = ScanChoice(names=names, schedule=cand.schedule)
+        choices[position] = ScanChoice(names=names, schedule=cand.schedule, offload=offloaded)
         scans.append(
             ScanPlan(
                 position=position,
@@ -372,6 +380,7 @@ def _decode_solution(
                 names=names,
                 saved=saved,
                 recompute_flops=float(flops),
+                offloaded=offloaded,
             )
         )
     model_bytes = solution.saved_bytes + transient_weight * solution.transient_bytes
@@ -393,6 +402,8 @@ def plan(
     schedules: bool = True,
     max_rounds: int = 4,
     device_memory: int | None = None,
+    offload: bool = False,
+    host_bandwidth: float = HOST_BANDWIDTH,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -411,6 +422,12 @@ def plan(
       schedules: also consider `Nested` and `Binomial` schedules (else only ``per_step``).
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes, if a budget above it should be refused.
+      offload: also consider keeping saved values in host memory (see `remat._offload`),
+        at a cost of ``2 * bytes / host_bandwidth`` seconds each, weighed against
+        recomputation at the device's measured matmul rate. Only where the device has a
+        host memory space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and
+        the plan is made without offloading.
+      host_bandwidth: device-to-host bytes per second, each way (default 25e9, PCIe 4.0).
 
     Returns:
       A `remat.Plan`; ``plan.fn`` takes ``fn``'s arguments and returns the same values and
@@ -452,6 +469,8 @@ def plan(
     models = model_scans(infos, splits, devices)  # per device, for a sharded program
     cands = _candidates(models, schedules)
     nodes, options, offsets = _assemble(cands)
+    if _offload_wanted(offload, host_bandwidth):
+        nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
     solve_seconds = time.perf_counter() - clock
 
@@ -505,6 +524,47 @@ def plan(
         # The model was optimistic by (peak - predicted - margin): tighten by that much.
         margin += max(peak - (predicted + margin), 0.01 * budget_bytes)
     raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+
+
+def _offload_wanted(offload: bool, host_bandwidth: float) -> bool:
+    """Whether to offer offloading: asked for, and the device has host memory to use."""
+    transfer_seconds(0, host_bandwidth)  # validates the bandwidth
+    if not offload:
+        return False
+    reason = offload_unavailable_reason()
+    if reason is not None:
+        warnings.warn(_NO_OFFLOAD.format(reason=reason), RematWarning, stacklevel=3)
+        return False
+    return True
+
+
+def offload_costs(
+    nodes: Sequence[Node],
+    cands: Sequence[_Candidate],
+    offsets: Sequence[int],
+    models: Sequence[ScanModel],
+    host_bandwidth: float,
+    flops_per_second: float | None = None,
+) -> list[Node]:
+    """``nodes`` with `Node.offload_flops` set for every named value a step may save.
+
+    The transfer time of a value's copies is converted to FLOPs at the device's matmul rate
+    (measured once, see `remat._offload.device_flops_per_second`), so one objective weighs
+    recomputation and transfers.
+    """
+    from ._offload import device_flops_per_second
+
+    rate = flops_per_second or device_flops_per_second()
+    out = list(nodes)
+    for o, cand in enumerate(cands):
+        values = models[cand.scan].values
+        for i, node in enumerate(cand.nodes):
+            if node.saveable and values[i].primitive != "carry":
+                seconds = transfer_seconds(node.bytes * node.multiplicity, host_bandwidth)
+                out[offsets[o] + i] = dataclasses.replace(
+                    out[offsets[o] + i], offload_flops=seconds * rate
+                )
+    return out
 
 
 def _stored(choice: _Choice) -> float:
@@ -667,10 +727,14 @@ def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Pl
             names=tuple(s["names"]),
             saved=tuple(_decode(SavedValue, v) for v in s["saved"]),
             recompute_flops=float(s["recompute_flops"]),
+            offloaded=tuple(s.get("offloaded", ())),
         )
         for s in data["scans"]
     )
-    choices = {s.position: ScanChoice(names=s.names, schedule=s.schedule) for s in scans}
+    choices = {
+        s.position: ScanChoice(names=s.names, schedule=s.schedule, offload=s.offloaded)
+        for s in scans
+    }
     argnums = data.get("argnums", 0)
     return Plan(
         fn=rewrite(fn, choices),

@@ -41,6 +41,8 @@ def plan_table(plan: Any) -> Group:
                 f"{format_bytes(v.bytes)} × {v.multiplicity}",
                 v.source or "",
             )
+        for name in getattr(scan, "offloaded", ()):
+            table.add_row(name, "(offloaded to host memory)", "", "", "")
         if not scan.saved:
             table.add_row("(nothing: every value is recomputed)", "", "", "", "")
         parts.append(table)
