@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 import warnings
+from pathlib import Path
 
 if __name__ == "__main__":  # not when pytest imports this file to look for doctests
     os.environ["XLA_FLAGS"] = (
@@ -34,6 +35,7 @@ from remat._gpt_sharded import make_mesh, make_sharded_gpt
 from remat._sharding import program_shardings
 
 CASES = {}
+ROOT = Path(__file__).resolve().parent.parent
 GPT = dict(layers=2, d_model=16, seq=8, batch=8, heads=2, vocab=32)
 
 
@@ -203,18 +205,25 @@ def report_says_per_device():
 
 
 @case
-def plan_sharded_gpt():
-    """A plan for the sharded GPT fits a per-device budget and keeps the gradients."""
-    loss_fn, sharded, _, reference = sharded_gpt()
-    planned = remat.plan(loss_fn, *sharded, budget=0.7, schedules=False)
-    grads = jax.jit(jax.grad(planned.fn))(*sharded)
+def distributed_example():
+    """examples/distributed_plan.py: plan, save, load; the loaded plan's gradients."""
+    import runpy
+    import tempfile
+
+    example = runpy.run_path(str(ROOT / "examples" / "distributed_plan.py"), run_name="example")
+    with tempfile.TemporaryDirectory() as out:
+        loaded, _, args = example["plan_and_load"](out)
+        saved = json.loads((Path(out) / "plan.json").read_text())
+    reference = sharded_gpt()[3]
+    grads = jax.jit(jax.grad(loaded.fn))(*args)
     return {
-        "budget": planned.budget_bytes,
-        "baseline": planned.baseline_peak_bytes,
-        "measured": planned.measured_peak_bytes,
-        "predicted": planned.predicted_peak_bytes,
-        "devices": planned.measured.num_devices,
+        "budget": loaded.budget_bytes,
+        "baseline": loaded.baseline_peak_bytes,
+        "measured": loaded.measured_peak_bytes,
+        "devices": loaded.measured.num_devices,
+        "json_devices": saved["measured"]["num_devices"],
         "grads_equal": tree_allclose(grads, reference, scale=10.0),
+        "leaf_devices": len(jax.tree_util.tree_leaves(grads)[0].sharding.device_set),
     }
 
 

@@ -7,10 +7,9 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import assert_tree_allclose
 
 import remat
-from remat._plan import peak_of
+from conftest import assert_tree_allclose
 
 
 def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh):
