@@ -9,6 +9,7 @@ the memory.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import warnings
 from pathlib import Path
@@ -67,6 +68,15 @@ def register(subparsers) -> None:
         parser.add_argument(flag, type=int, default=value, help=f"(default {value})")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per strategy")
     parser.add_argument(
+        "--sharded",
+        action="store_true",
+        help=(
+            "the same GPT with its batch over a 'data' axis and its parameters over an "
+            "'fsdp' axis of a (4, 2) mesh of 8 devices (8 CPU devices in a subprocess if "
+            "this process has fewer); memory is then per device"
+        ),
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("remat-demo"),
@@ -84,13 +94,23 @@ def run(args: argparse.Namespace) -> int:
     sizes = {name: getattr(args, name) for name in DEFAULTS}
     if any(v < 1 for v in sizes.values()) or args.repeats < 0:
         raise CliError(f"sizes must be positive and --repeats >= 0; got {sizes}", EXIT_USAGE)
-    try:
-        loss_fn, fn_args = make_gpt(**sizes)
-    except ValueError as err:
-        raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
-
     title = "GPT: {layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}"
     title = title.format(**sizes)
+    build = make_gpt
+    if getattr(args, "sharded", False):
+        from ._gpt_sharded import demo_argv, make_mesh, make_sharded_gpt, rerun_with_devices
+
+        code = rerun_with_devices(8, demo_argv(args, DEFAULTS))
+        if code is not None:  # ran in a subprocess with 8 CPU devices
+            return code
+        mesh = make_mesh((4, 2), ("data", "fsdp"))
+        title += ", sharded over (data=4, fsdp=2)"
+        build = functools.partial(make_sharded_gpt, mesh)
+
+    try:
+        loss_fn, fn_args = build(**sizes)
+    except ValueError as err:
+        raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
     print(f"remat demo: {title}; measuring the training step (value and gradient) ...")
     start = time.perf_counter()
     with warnings.catch_warnings():

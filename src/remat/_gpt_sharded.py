@@ -15,7 +15,10 @@ weights, since the layer scan slices that axis one layer at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -139,3 +142,43 @@ def make_sharded_gpt(
         )
     tokens = jax.device_put(tokens, NamedSharding(mesh, P(data_axis)))
     return loss_fn, (shard_params(params, mesh, fsdp_axis), tokens)
+
+
+_CHILD = "REMAT_SHARDED_CHILD"
+
+
+def rerun_with_devices(n: int, argv: Sequence[str]) -> int | None:
+    """Runs ``python -m remat *argv`` with ``n`` CPU devices unless this process has ``n``.
+
+    JAX fixes the number of CPU devices when it starts, so a process with fewer devices
+    starts a child with ``XLA_FLAGS=--xla_force_host_platform_device_count=n``.
+
+    Returns:
+      None when this process already has ``n`` devices (go on here), else the child's exit
+      status.
+
+    Raises:
+      RuntimeError: when the child itself has fewer than ``n`` devices (the flag was ignored).
+    """
+    if jax.device_count() >= n:
+        return None
+    if os.environ.get(_CHILD):
+        raise RuntimeError(
+            f"`remat demo --sharded` needs {n} devices but JAX has {jax.device_count()} even "
+            f"with XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}."
+        )
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env[_CHILD] = "1"
+    return subprocess.run([sys.executable, "-m", "remat", *argv], env=env).returncode
+
+
+def demo_argv(args: Any, sizes: Mapping[str, int]) -> list[str]:
+    """The ``remat demo --sharded ...`` command line that repeats ``args``."""
+    argv = ["demo", "--sharded", "--repeats", str(args.repeats), "--out", str(args.out)]
+    for name in sizes:
+        argv += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return argv
