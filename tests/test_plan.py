@@ -10,6 +10,7 @@ import pytest
 
 import remat
 from conftest import assert_tree_allclose
+from remat._plan import plan_budgets
 
 
 def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh):
@@ -39,7 +40,8 @@ def stack():
 @pytest.fixture(scope="module")
 def plans(stack):
     loss, args = stack
-    return {b: remat.plan(loss, *args, budget=b) for b in (1.0, 0.6, 0.45)}
+    budgets = (1.0, 0.6, 0.45)
+    return dict(zip(budgets, plan_budgets(loss, *args, budgets=budgets), strict=True))
 
 
 def test_plans_fit_and_keep_gradients(stack, plans):

@@ -436,12 +436,34 @@ def plan(
         raise TypeError(f"`remat.plan` got fn={fn!r}, which is not callable; pass the loss.")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"`remat.plan` got max_rounds={max_rounds!r}; pass an int >= 1.")
+    parse_budget(budget, baseline_peak=2**62)  # a malformed budget fails before compiling
+    prepared = _prepare(fn, args, argnums, schedules)
+    return _plan_prepared(prepared, budget, max_rounds, device_memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """Everything about a program the planner needs that does not depend on the budget."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    argnums: Any
+    baseline: Measurement
+    models: tuple[ScanModel, ...]
+    cands: tuple[_Candidate, ...]
+    nodes: tuple[Node, ...]
+    options: tuple[Option, ...]
+    offsets: tuple[int, ...]
+    base: float  # calibrated memory outside the modelled choice
+    weight: float  # calibrated fraction of the transient memory that is live
+    smallest: int  # the smaller calibration peak
+    fingerprint: str
+    model_seconds: float
+
+
+def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedules: bool):
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     _check_args(args, argnums)
-    baseline = _compile_measure(fn, args, argnums, "none", None)
-    baseline_peak = peak_of(baseline)
-    budget_bytes = parse_budget(budget, baseline_peak, device_memory)
-
     clock = time.perf_counter()
     infos = planned_scans(fn, *args)
     if not infos:
@@ -450,7 +472,8 @@ def plan(
     cands = _candidates(models, schedules)
     nodes, options, offsets = _assemble(cands)
     print_ = fingerprint(fn, *args)
-    solve_seconds = time.perf_counter() - clock
+    model_seconds = time.perf_counter() - clock
+    baseline = _compile_measure(fn, args, argnums, "none", None)
 
     # Calibration: every needed value saved (no transient) and nothing saved (all transient).
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
@@ -463,26 +486,59 @@ def plan(
     weight = (
         min(max((peak_none - base - _stored(nothing)) / transient, 0.0), 1.0) if transient else 1.0
     )
+    return _Prepared(
+        fn=fn,
+        args=tuple(args),
+        argnums=argnums,
+        baseline=baseline,
+        models=models,
+        cands=tuple(cands),
+        nodes=tuple(nodes),
+        options=tuple(options),
+        offsets=tuple(offsets),
+        base=float(base),
+        weight=float(weight),
+        smallest=min(peak_all, peak_none),
+        fingerprint=print_,
+        model_seconds=model_seconds,
+    )
 
+
+def _plan_prepared(
+    prep: _Prepared, budget: Any, max_rounds: int = 4, device_memory: int | None = None
+) -> Plan:
+    """Solves, rewrites and measures for one budget (see `plan`)."""
+    baseline_peak = peak_of(prep.baseline)
+    budget_bytes = parse_budget(budget, baseline_peak, device_memory)
+    fn, args, argnums, weight = prep.fn, prep.args, prep.argnums, prep.weight
+    solve_seconds = prep.model_seconds
     margin = 0.0
-    smallest = min(peak_all, peak_none)
+    smallest = prep.smallest
+    measured_by_choice: dict[Any, Measurement] = {}
     for rounds in range(1, max_rounds + 1):
         clock = time.perf_counter()
         solution = solve(
-            nodes, budget_bytes, options=options, fixed_bytes=base + margin,
+            prep.nodes, budget_bytes, options=prep.options, fixed_bytes=prep.base + margin,
             transient_weight=weight,
         )  # fmt: skip
         last = solution is None
         if last:
-            solution = solve(nodes, budget_bytes, options=options, minimize="memory",
-                             transient_weight=weight)  # fmt: skip
-        choice = _decode_solution(solution, cands, offsets, models, weight)
+            solution = solve(prep.nodes, budget_bytes, options=prep.options,
+                             minimize="memory", transient_weight=weight)  # fmt: skip
+        choice = _decode_solution(solution, prep.cands, prep.offsets, prep.models, weight)
         solve_seconds += time.perf_counter() - clock
         planned = rewrite(fn, choice.choices)
-        measured = _compile_measure(planned, args, argnums, "plan", baseline)
+        key = tuple(
+            sorted((k, v.names, _schedule_key(v.schedule)) for k, v in choice.choices.items())
+        )
+        if key not in measured_by_choice:
+            measured_by_choice[key] = _compile_measure(
+                planned, args, argnums, "plan", prep.baseline
+            )
+        measured = measured_by_choice[key]
         peak = peak_of(measured)
         smallest = min(smallest, peak)
-        predicted = int(base + choice.model_bytes)
+        predicted = int(prep.base + choice.model_bytes)
         if peak <= budget_bytes:
             return Plan(
                 fn=planned,
@@ -491,10 +547,10 @@ def plan(
                 predicted_peak_bytes=predicted,
                 measured=measured,
                 baseline_peak_bytes=baseline_peak,
-                baseline_flops=baseline.flops,
+                baseline_flops=prep.baseline.flops,
                 solve_seconds=solve_seconds,
                 rounds=rounds,
-                fingerprint=print_,
+                fingerprint=prep.fingerprint,
                 argnums=argnums,
             )
         if last:
@@ -502,6 +558,32 @@ def plan(
         # The model was optimistic by (peak - predicted - margin): tighten by that much.
         margin += max(peak - (predicted + margin), 0.01 * budget_bytes)
     raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+
+
+def plan_budgets(
+    fn: Callable[..., Any],
+    *args: Any,
+    budgets: Sequence[Any],
+    argnums: int | Sequence[int] = 0,
+    schedules: bool = True,
+    max_rounds: int = 4,
+) -> list[Plan | InfeasibleBudget]:
+    """`plan` at several budgets, sharing the tracing, modelling and calibration compiles.
+
+    Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
+    """
+    prep = _prepare(fn, args, argnums, schedules)
+    out: list[Plan | InfeasibleBudget] = []
+    for budget in budgets:
+        try:
+            out.append(_plan_prepared(prep, budget, max_rounds))
+        except InfeasibleBudget as err:
+            out.append(err)
+    return out
+
+
+def _schedule_key(schedule: Schedule) -> str:
+    return repr(schedule)
 
 
 def _stored(choice: _Choice) -> float:
