@@ -31,9 +31,9 @@ from remat._gpt import make_gpt
 from remat._io import atomic_write_text
 from remat._plan import (
     InfeasibleBudget,
-    _compile_measure,
     _plan_prepared,
     _prepare,
+    compile_measure,
     peak_of,
 )
 from remat._report import MIB, Report, current_machine
@@ -139,7 +139,7 @@ def run_arch(key: str, out_dir: Path) -> dict:
     named = {}
     for label, strategy in named_strategies().items():
         target = fn if label == "none" else apply(fn, strategy)
-        named[label] = _compile_measure(target, args, 0, label, None)
+        named[label] = compile_measure(target, args, 0, label, None)
         print(f"  {label:28s} peak {peak_of(named[label]) / MIB:8.2f} MiB  "
               f"{named[label].flops / 1e9:.3f} GFLOP", flush=True)  # fmt: skip
     base = named["none"]
