@@ -184,12 +184,12 @@ def test_plan_rejects_a_bandwidth_that_is_not_positive():
 
 def test_offload_costs_are_transfer_seconds_at_the_matmul_rate():
     from remat._costmodel import model_scans
-    from remat._plan import _assemble, _candidates, offload_costs
+    from remat._plan_options import assemble, candidates, offload_costs
     from remat._tag import planned_scans
 
     models = model_scans(planned_scans(scanned_loss, *ARGS))
-    cands = _candidates(models, False)
-    nodes, _, offsets = _assemble(cands)
+    cands = candidates(models, False)
+    nodes, _, offsets = assemble(cands)
     priced = offload_costs(nodes, cands, offsets, models, 1e9, flops_per_second=1e12)
     for node, value in zip(priced, models[0].values, strict=True):
         if value.primitive == "carry":
@@ -202,7 +202,7 @@ def test_offload_costs_are_transfer_seconds_at_the_matmul_rate():
 def test_an_offloading_plan_moves_values_to_host_memory_and_survives_json(tmp_path):
     """The rewrite of an offloading choice (what a GPU plan would run), loaded back from JSON."""
     import remat
-    from remat._plan import load_plan
+    from remat._plan_json import load_plan
 
     planned = remat.plan(scanned_loss, *ARGS, budget=1.0, schedules=False)
     (scan,) = planned.scans

@@ -10,6 +10,7 @@ import pytest
 
 import remat
 from conftest import assert_tree_allclose
+from remat._plan import plan_budgets
 
 
 def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh):
@@ -39,7 +40,8 @@ def stack():
 @pytest.fixture(scope="module")
 def plans(stack):
     loss, args = stack
-    return {b: remat.plan(loss, *args, budget=b) for b in (1.0, 0.6, 0.45)}
+    budgets = (1.0, 0.6, 0.45)
+    return dict(zip(budgets, plan_budgets(loss, *args, budgets=budgets), strict=True))
 
 
 def test_plans_fit_and_keep_gradients(stack, plans):
@@ -67,7 +69,7 @@ def test_tight_budget_recomputes_and_loose_does_not(plans):
 
 def test_plan_saves_exactly_its_names(stack, plans):
     """What JAX keeps for the backward pass is the plan's named values (and carries/args)."""
-    loss, args = stack
+    _, args = stack
     carry_shape = args[1].shape
     for p in plans.values():
         names = {n for s in p.scans for n in s.names}
@@ -159,3 +161,28 @@ def test_errors():
         remat.plan(lambda x: jnp.sum(jnp.sin(x)), jnp.ones(3), budget="lots")
     with pytest.raises(TypeError, match="not callable"):
         remat.plan(3, jnp.ones(3), budget=1.0)
+
+
+TARGET = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_plan import mlp_stack
+
+def make():
+    return mlp_stack()
+"""
+
+
+def test_cli_plan(tmp_path, capsys):
+    from remat._cli import main
+
+    target = tmp_path / "target.py"
+    target.write_text(TARGET.format(tests=str(__import__("pathlib").Path(__file__).parent)))
+    assert main(["plan", f"{target}:make", "--budget", "60%", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "predicted peak" in out and (tmp_path / "plan.json").is_file()
+    loss, args = mlp_stack()
+    assert remat.load_plan(tmp_path / "plan.json", loss, *args).budget_bytes > 0
+    assert main(["plan", f"{target}:make", "--budget", "1%", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "smallest peak" in err

@@ -17,6 +17,7 @@ COMMANDS = {
     "demo": "remat._cli_demo",
     "measure": "remat._cli_measure",
     "compare": "remat._cli_compare",
+    "plan": "remat._cli_plan",
 }
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
