@@ -254,14 +254,33 @@ def plan_data_parallel_budget():
     }
 
 
-def eight_model_bytes(placed):
+@case
+def plan_jit_in_shardings():
+    """Plain arguments, shardings declared by jax.jit: the planner still counts per device."""
+    mesh = make_mesh((8,), ("data",))
+    ws, x = mlp_args()
+    jitted = jax.jit(
+        mlp_loss,
+        in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))),
+        out_shardings=NamedSharding(mesh, P()),
+    )
+    planned = remat.plan(jitted, ws, x, budget=0.8, schedules=False)
+    return {
+        "model_value_bytes": eight_model_bytes((ws, x), jitted),
+        "devices": planned.measured.num_devices,
+        "fits": planned.measured_peak_bytes <= planned.budget_bytes,
+        "grads_equal": tree_allclose(jax.grad(planned.fn)(ws, x), jax.grad(mlp_loss)(ws, x)),
+    }
+
+
+def eight_model_bytes(placed, fn=mlp_loss):
     """Per-device bytes the planner's cost model gives the scan body's values."""
     from remat._costmodel import model_scans
     from remat._shard_counts import scan_input_splits
     from remat._tag import planned_scans
 
-    splits, devices = scan_input_splits(mlp_loss, *placed)
-    (model,) = model_scans(planned_scans(mlp_loss, *placed), splits, devices)
+    splits, devices = scan_input_splits(fn, *placed)
+    (model,) = model_scans(planned_scans(fn, *placed), splits, devices)
     return sorted({v.bytes for v in model.values if v.shape})
 
 

@@ -127,3 +127,9 @@ def test_planner_models_data_parallel_values_per_device(cases):
     assert out["devices"] == 8
     assert out["eight_peak"] <= out["budget"] < out["one_peak"] / 4
     assert out["grads_equal"]
+
+
+def test_planner_reads_shardings_declared_by_jit(cases):
+    out = result(cases, "plan_jit_in_shardings")
+    assert out["model_value_bytes"] == [256 // 8 * 32 * 4]  # as with placed arguments
+    assert out["devices"] == 8 and out["fits"] and out["grads_equal"]

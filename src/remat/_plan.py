@@ -57,7 +57,6 @@ from ._plan_options import (
 )
 from ._schedule import Schedule
 from ._shard_counts import scan_input_splits
-from ._sharding import is_sharded
 from ._tag import planned_scans, rewrite
 from ._warnings import RematWarning
 
@@ -330,8 +329,9 @@ def _prepare(
     infos = planned_scans(fn, *args)
     if not infos:
         raise ValueError(_NO_SCAN.format(name=f"`{getattr(fn, '__qualname__', repr(fn))}`"))
-    splits, devices = scan_input_splits(fn, *args) if is_sharded(args) else ({}, 1)
-    models = model_scans(infos, splits, devices)  # per device, for a sharded program
+    # Sharded arguments, or a jit with in/out shardings: count values per device.
+    splits, devices = scan_input_splits(fn, *args)
+    models = model_scans(infos, splits if devices > 1 else None, devices)
     cands = candidates(models, schedules)
     nodes, options, offsets = assemble(cands)
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)

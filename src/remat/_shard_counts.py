@@ -89,6 +89,11 @@ def _aval_splits(var: Any) -> Splits | None:
 class _Env:
     def __init__(self) -> None:
         self.splits: dict[Any, Splits] = {}
+        self.devices = 1  # the largest mesh a declared sharding names
+
+    def declare(self, sharding: Any) -> None:
+        if isinstance(sharding, jax.sharding.Sharding):
+            self.devices = max(self.devices, _num_devices(sharding))
 
     def read(self, atom: Any) -> Splits:
         if isinstance(atom, core.Literal) or not hasattr(atom, "aval"):
@@ -158,7 +163,7 @@ def _drop_axes(eqn: Any, ins: list[Splits]) -> list[Splits]:
 
 
 def _sharding_constraint(eqn: Any, ins: list[Splits]) -> list[Splits]:
-    return [splits_of(_shape(eqn.outvars[0]), eqn.params["sharding"])]
+    return [splits_of(_shape(v), eqn.params["sharding"]) for v in eqn.outvars]
 
 
 _RULES = {
@@ -215,6 +220,8 @@ def _run(jaxpr: Any, ins: list[Splits], env: _Env) -> list[Splits]:
 def _eqn(eqn: Any, ins: list[Splits], env: _Env) -> list[Splits]:
     name = eqn.primitive.name
     params = eqn.params
+    if name == "sharding_constraint":
+        env.declare(params["sharding"])
     if name in _RULES:
         return _RULES[name](eqn, ins)
     if name == "scan":
@@ -229,6 +236,8 @@ def _eqn(eqn: Any, ins: list[Splits], env: _Env) -> list[Splits]:
         return [tuple(max(col) for col in zip(*c, strict=True)) for c in zip(*outs, strict=True)]
     if name in ("pjit", "jit"):
         declared_in = _declared(params.get("in_shardings"), len(ins))
+        for s in (*declared_in, *_declared(params.get("out_shardings"), 0)):
+            env.declare(s)
         ins = [
             splits_of(_shape(v), s) if s is not None else i
             for v, s, i in zip(eqn.invars, declared_in, ins, strict=True)
@@ -336,7 +345,7 @@ def scan_input_splits(fn: Any, *args: Any) -> tuple[dict[int, list[Splits]], int
     opened = traced.jaxpr.jaxpr
     ins = [splits_of(_shape(v), s) for v, s in zip(opened.invars, shardings, strict=True)]
     _run(traced.jaxpr, ins, env)
-    devices = max((_device_count(s) for s in shardings if s is not None), default=1)
+    devices = max([env.devices, *(_device_count(s) for s in shardings if s is not None)])
     splits = {
         info.position: [env.read(v) for v in info.jaxpr.jaxpr.invars] for info in traced.scans
     }
