@@ -20,13 +20,12 @@ The reusable core, for `apply` and for the planner:
   init, xs) -> (carry, ys)`` replaces `lax.scan` for running a rewritten scan.
 - `apply(fn, strategy)` is `rewrite_scans` with a transform that checkpoints the body.
 
-Positions and names. Scans are numbered 0, 1, ... in depth-first order of appearance: a
-scan comes before the scans in its body, which come before the next scan after it. A scan's
-*name* is the innermost `jax.named_scope` / `jax.named_call` (or `jax.jit`-ed function's
-name) opened between the enclosing scan body (or the program itself) and the scan, or ``""``
-when there is none; ``info.path`` is the full chain of such names from the program's root.
-A string in `remat.Strategy.scans` selects the scans whose ``name`` or ``"/".join(path)``
-equals it. `flax.linen.scan` scans are named after the module that calls them.
+Positions and names (defined in `_scan_info.py`). Scans are numbered 0, 1, ... in
+depth-first order of appearance. A scan's *name* is the innermost `jax.named_scope` /
+`jax.named_call` (or `jax.jit`-ed function's name) opened between the enclosing scan body
+(or the program itself) and the scan, ``""`` if none; ``info.path`` is the chain of such
+names from the program's root. A string in `remat.Strategy.scans` selects the scans whose
+``name`` or ``"/".join(path)`` equals it.
 
 The interpreter looks into the sub-programs of ``jit``, ``closed_call``, ``checkpoint``
 (`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again (``jit`` and
@@ -40,8 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,139 +49,13 @@ from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
+from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
 from ._strategy import Strategy, as_strategy, resolve_policy
 from ._warnings import RematWarning
 
 _P = jcore.primitives
+
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
-
-### Scan discovery
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanInfo:
-    """One ``scan`` equation of a traced program.
-
-    Attributes:
-      position: index in depth-first order of appearance (0 is the first scan).
-      name: innermost named scope between the enclosing scan body (or the program) and
-        this scan, ``""`` if none.
-      path: all named scopes from the program's root to this scan, outermost first.
-      length: number of steps.
-      reverse: whether the scan runs from the last step to the first.
-      unroll: the scan's unroll factor.
-      num_consts: number of loop-invariant inputs (closed-over values such as weights).
-      num_carry: number of carried values.
-      source: ``"file:line"`` of the user code that made the scan, ``""`` if unknown.
-      jaxpr: the scan body as a `ClosedJaxpr`; inputs ``consts + carry + xs``, outputs
-        ``new_carry + ys``.
-    """
-
-    position: int
-    name: str
-    path: tuple[str, ...]
-    length: int
-    reverse: bool
-    unroll: int
-    num_consts: int
-    num_carry: int
-    source: str
-    jaxpr: jcore.ClosedJaxpr = dataclasses.field(repr=False, compare=False)
-
-
-def _scopes(eqn) -> tuple[str, ...]:
-    return tuple(
-        s.name for s in eqn.source_info.name_stack.stack if isinstance(s, source_info_util.Scope)
-    )
-
-
-def _library_dirs() -> tuple[str, ...]:
-    """Package directories whose frames are not the user's: remat's own, flax's, equinox's."""
-    dirs = [os.path.dirname(__file__)]
-    for name in ("flax", "equinox"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(module.__file__))
-    return tuple(d + os.sep for d in dirs)
-
-
-def _source(eqn) -> str:
-    frames = list(source_info_util.user_frames(eqn.source_info.traceback))
-    library = _library_dirs()
-    outside = [f for f in frames if not f.file_name.startswith(library)]
-    frame = (outside or frames or [None])[0]
-    return "" if frame is None else f"{frame.file_name}:{frame.start_line}"
-
-
-def _scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
-    p = eqn.params
-    own = rel + _scopes(eqn)
-    return ScanInfo(
-        position=position,
-        name=own[-1] if own else "",
-        path=path + _scopes(eqn),
-        length=int(p["length"]),
-        reverse=bool(p["reverse"]),
-        unroll=int(p["unroll"]),
-        num_consts=int(p["num_consts"]),
-        num_carry=int(p["num_carry"]),
-        source=_source(eqn),
-        jaxpr=p["jaxpr"],
-    )
-
-
-def _sub_jaxprs(eqn) -> list[jcore.Jaxpr]:
-    """The sub-programs the interpreter looks into (see the module docstring)."""
-    prim, p = eqn.primitive, eqn.params
-    if prim is _P.scan_p or prim is _P.jit_p:
-        return [p["jaxpr"].jaxpr]
-    if prim is _P.closed_call_p:
-        return [p["call_jaxpr"].jaxpr]
-    if prim is _P.call_p:
-        return [p["call_jaxpr"]]
-    if prim is _P.remat_p:
-        return [p["jaxpr"]]
-    if prim is _P.cond_p:
-        return [b.jaxpr for b in p["branches"]]
-    return []
-
-
-def _count(jaxpr: jcore.Jaxpr, memo: dict[int, int]) -> int:
-    """Number of scans in ``jaxpr``, nested ones included."""
-    key = id(jaxpr)
-    if key not in memo:
-        memo[key] = sum(
-            (eqn.primitive is _P.scan_p) + sum(_count(j, memo) for j in _sub_jaxprs(eqn))
-            for eqn in jaxpr.eqns
-        )
-    return memo[key]
-
-
-def _walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is _P.scan_p:
-            info = _scan_info(eqn, base, path, rel)
-            out.append(info)
-            _walk(info.jaxpr.jaxpr, base + 1, info.path, (), out, memo)
-        else:
-            inner_path, inner_rel = _inner_scope(eqn, path, rel)
-            b = base
-            for sub in _sub_jaxprs(eqn):
-                _walk(sub, b, inner_path, inner_rel, out, memo)
-                b += _count(sub, memo)
-        base += _count_eqn(eqn, memo)
-
-
-def _count_eqn(eqn, memo) -> int:
-    return (eqn.primitive is _P.scan_p) + sum(_count(j, memo) for j in _sub_jaxprs(eqn))
-
-
-def _inner_scope(eqn, path, rel):
-    """The scope path inside a non-scan sub-program (a jit adds its function's name)."""
-    scopes = _scopes(eqn)
-    if eqn.primitive is _P.jit_p:
-        scopes = (*scopes, eqn.params["name"])
-    return path + scopes, rel + scopes
 
 
 ### Tracing
@@ -229,7 +100,7 @@ def _trace(fn, leaves, treedef) -> _Traced:
     ]
     closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
     scans: list[ScanInfo] = []
-    _walk(closed.jaxpr, 0, (), (), scans, {})
+    walk(closed.jaxpr, 0, (), (), scans, {})
     return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
 
 
@@ -341,7 +212,7 @@ class _Interpreter:
                 eqn.ctx.manager,
             ):
                 outs = self.eval_eqn(eqn, invals, base, path, rel)
-            base += _count_eqn(eqn, self.memo)
+            base += count_eqn(eqn, self.memo)
             if not eqn.primitive.multiple_results:
                 outs = [outs]
             for v, x in zip(eqn.outvars, outs, strict=True):
@@ -351,12 +222,12 @@ class _Interpreter:
 
     def eval_eqn(self, eqn, invals, base, path, rel):
         prim, params = eqn.primitive, eqn.params
-        subs = _sub_jaxprs(eqn)
+        subs = sub_jaxprs(eqn)
         if prim is _P.scan_p:
             return self.eval_scan(eqn, invals, base, path, rel)
-        if not subs or not any(_count(j, self.memo) for j in subs):
+        if not subs or not any(count(j, self.memo) for j in subs):
             return prim.bind(*invals, **prim.get_bind_params(params))
-        inner_path, inner_rel = _inner_scope(eqn, path, rel)
+        inner_path, inner_rel = inner_scope(eqn, path, rel)
 
         def run(j, consts, b):
             return lambda *a: self.eval(j, consts, a, b, inner_path, inner_rel)
@@ -375,13 +246,13 @@ class _Interpreter:
         fns, b = [], base
         for branch in params["branches"]:
             fns.append(run(branch.jaxpr, branch.consts, b))
-            b += _count(branch.jaxpr, self.memo)
+            b += count(branch.jaxpr, self.memo)
         return lax.switch(invals[0], fns, *invals[1:])
 
     def eval_scan(self, eqn, invals, base, path, rel):
-        info = _scan_info(eqn, base, path, rel)
+        info = scan_info(eqn, base, path, rel)
         closed = info.jaxpr
-        n_inner = _count(closed.jaxpr, self.memo)
+        n_inner = count(closed.jaxpr, self.memo)
 
         def body(consts, carry, xs):
             outs = self.eval(
