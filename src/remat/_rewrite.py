@@ -178,7 +178,11 @@ Loop = Callable[[ScanInfo, Body, list[Any], list[Any], list[Any]], tuple[list[An
 
 
 def lax_loop(info: ScanInfo, body: Body, consts, init, xs):
-    """Runs ``body`` with `lax.scan` and the scan's own length, direction and unroll."""
+    """Runs ``body`` with `lax.scan` and the scan's own length, direction and unroll.
+
+    JAX 0.10's ``scan`` equation has no ``_split_transpose`` parameter (`lax.scan` accepts the
+    argument and ignores it), so there is nothing else to carry over.
+    """
 
     def step(carry, x):
         return body(consts, carry, x)

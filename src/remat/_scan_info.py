@@ -57,6 +57,7 @@ class ScanInfo:
 
 
 def scopes(eqn) -> tuple[str, ...]:
+    """The named scopes (not the transformation names) of an equation's own name stack."""
     return tuple(
         s.name for s in eqn.source_info.name_stack.stack if isinstance(s, source_info_util.Scope)
     )
@@ -125,6 +126,7 @@ def count(jaxpr: jcore.Jaxpr, memo: dict[int, int]) -> int:
 
 
 def walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
+    """Appends to ``out`` the scans of ``jaxpr``, numbered from ``base``, depth first."""
     for eqn in jaxpr.eqns:
         if eqn.primitive is _P.scan_p:
             info = scan_info(eqn, base, path, rel)
@@ -140,6 +142,7 @@ def walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
 
 
 def count_eqn(eqn, memo) -> int:
+    """Number of scans an equation is or contains."""
     return (eqn.primitive is _P.scan_p) + sum(count(j, memo) for j in sub_jaxprs(eqn))
 
 
