@@ -278,6 +278,24 @@ def test_residuals_counted_by_hand():
     assert n_residuals(remat.apply(mlp, "dots"), *args, shape=stacked) == 3
 
 
+def test_names_strategy_saves_the_named_value():
+    """With `a` tagged, "names:a" keeps h and a per layer; everything else is recomputed."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    def tagged(ws, x):
+        def body(h, w):
+            a = checkpoint_name(jnp.sin(h @ w), "a")
+            return jnp.sin(a @ w), None
+
+        return jnp.sum(lax.scan(body, x, ws)[0] ** 2)
+
+    args = mlp_args()
+    f2 = remat.apply(tagged, "names:a")
+    check_twin(tagged, f2, *args)
+    assert n_residuals(f2, *args, shape=(L, B, D)) == 2
+    assert n_residuals(remat.apply(tagged, "names:b"), *args, shape=(L, B, D)) == 1
+
+
 def test_recomputation_counted_in_gradient_jaxpr():
     """Forward 2 dots; backward 2 per dot (for h and for w). "full" recomputes the 2 forward dots
     in the backward scan; "dots" saves them and recomputes only the `sin` between them."""
@@ -356,20 +374,19 @@ def test_bad_inputs():
 
 
 def test_rewrite_scans_gives_transform_the_body_jaxpr():
-    """The planner's hook: a transform that evaluates the body jaxpr itself, tagging values."""
+    """The planner's hook: tag the body's matmul outputs and save only those."""
     from jax.ad_checkpoint import checkpoint_name
 
+    seen = []
+
     def transform(info, body):
+        seen.append((info.num_consts, info.num_carry, len(info.jaxpr.jaxpr.invars)))
+
+        def tag(eqn, i, value):
+            return checkpoint_name(value, "dot") if eqn.primitive.name == "dot_general" else value
+
         def tagged(consts, carry, xs):
-            jaxpr, env = info.jaxpr.jaxpr, {}
-            env.update(zip(jaxpr.invars, [*consts, *carry, *xs], strict=True))
-            for eqn in jaxpr.eqns:  # the scan body of `mlp` has no sub-programs
-                out = eqn.primitive.bind(*(env[v] for v in eqn.invars), **eqn.params)
-                if eqn.primitive.name == "dot_general":
-                    out = checkpoint_name(out, "dot")
-                env[eqn.outvars[0]] = out
-            outs = [env[v] for v in jaxpr.outvars]
-            return outs[: info.num_carry], outs[info.num_carry :]
+            return body(consts, carry, xs, tag=tag)
 
         policy = jax.checkpoint_policies.save_only_these_names("dot")
         return jax.checkpoint(tagged, policy=policy, prevent_cse=False)
@@ -377,8 +394,10 @@ def test_rewrite_scans_gives_transform_the_body_jaxpr():
     args = mlp_args()
     f2 = rewrite_scans(mlp, transform)
     check_twin(mlp, f2, *args)
+    assert seen[0] == (0, 1, 2)  # the body jaxpr: inputs consts + carry + xs
     # Like "dots": the carry and the two tagged matmul outputs per layer.
     assert n_residuals(f2, *args, shape=(L, B, D)) == 3
+    assert n_residuals(rewrite_scans(mlp, lambda info, body: None), *args, shape=(L, B, D)) == 4
 
 
 ### Flax linen, Flax NNX and Equinox layer stacks

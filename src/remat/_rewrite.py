@@ -14,9 +14,10 @@ The reusable core, for `apply` and for the planner:
   every scan, where ``body(consts, carry, xs) -> (new_carry, ys)`` (flat lists of arrays)
   evaluates the scan's body jaxpr, with its own scans already rewritten. The transform
   returns a new body with the same signature (e.g. ``jax.checkpoint(body, policy=...)``),
-  or None to leave the scan as it was. A planner that wants to tag values can ignore
-  ``body`` and evaluate ``info.jaxpr`` (whose inputs are ``consts + carry + xs``) itself,
-  wrapping values with `jax.ad_checkpoint.checkpoint_name`. ``loop(info, body, consts,
+  or None to leave the scan as it was. To tag values for a policy, call
+  ``body(consts, carry, xs, tag=tag)``: ``tag(eqn, i, value) -> value`` sees the ``i``-th
+  output of every equation of ``info.jaxpr`` (the body; inputs ``consts + carry + xs``) and
+  may wrap it with `jax.ad_checkpoint.checkpoint_name`; or evaluate ``info.jaxpr`` yourself. ``loop(info, body, consts,
   init, xs) -> (carry, ys)`` replaces `lax.scan` for running a rewritten scan.
 - `apply(fn, strategy)` is `rewrite_scans` with a transform that checkpoints the body.
 
@@ -198,7 +199,7 @@ class _Interpreter:
     loop: Loop
     memo: dict[int, int]
 
-    def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel) -> list[Any]:
+    def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel, tag=None) -> list[Any]:
         env: dict[Any, Any] = {}
 
         def read(v):
@@ -219,6 +220,8 @@ class _Interpreter:
             base += count_eqn(eqn, self.memo)
             if not eqn.primitive.multiple_results:
                 outs = [outs]
+            if tag is not None:
+                outs = [tag(eqn, i, x) for i, x in enumerate(outs)]
             for v, x in zip(eqn.outvars, outs, strict=True):
                 if not isinstance(v, jcore.DropVar):
                     env[v] = x
@@ -258,9 +261,9 @@ class _Interpreter:
         closed = info.jaxpr
         n_inner = count(closed.jaxpr, self.memo)
 
-        def body(consts, carry, xs):
+        def body(consts, carry, xs, tag=None):
             outs = self.eval(
-                closed.jaxpr, closed.consts, [*consts, *carry, *xs], base + 1, info.path, ()
+                closed.jaxpr, closed.consts, [*consts, *carry, *xs], base + 1, info.path, (), tag
             )
             return list(outs[: info.num_carry]), list(outs[info.num_carry :])
 
@@ -281,8 +284,9 @@ def rewrite_scans(
     Args:
       fn: the function to rewrite; any pytree arguments and outputs.
       transform: called once per scan (at each trace) with its `ScanInfo` and
-        ``body(consts, carry, xs) -> (new_carry, ys)``; returns a new body, or None to
-        keep the scan as it was.
+        ``body(consts, carry, xs, tag=None) -> (new_carry, ys)`` (see the module
+        docstring for ``tag``); returns a new ``(consts, carry, xs)`` body, or None to keep
+        the scan as it was.
       loop: runs a rewritten scan: ``loop(info, body, consts, init, xs) -> (carry, ys)``;
         default `lax_loop` (`lax.scan` with the scan's length, reverse and unroll).
 
