@@ -359,6 +359,8 @@ def test_no_scan_checkpoints_whole_function_with_warning():
         check_twin(f, f2, *args)
     assert count(jax.make_jaxpr(f2)(*args).jaxpr, "remat2") == 1  # warned once, above
     assert remat.apply(f, "none") is f  # nothing to do, nothing to warn about
+    with pytest.raises(ValueError, match=r"matches no scan.*scans are: none"):
+        remat.apply(f, remat.Strategy("full", scans=(0,)))(*args)
 
 
 def test_bad_inputs():

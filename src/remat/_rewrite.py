@@ -428,6 +428,7 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
 
     def evaluator(traced: _Traced):
         closed = traced.jaxpr
+        select = _selector(strategy, traced.scans, name)  # raises for a selection of nothing
         if not traced.scans:
             interp = _Interpreter(lambda info, body: None, lax_loop, {})
 
@@ -439,7 +440,7 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
             # Warned once per input structure, when `fn2` first sees it.
             warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=4)
             return jax.checkpoint(whole, policy=policy, prevent_cse=True)
-        transform, loop = transform_for(_selector(strategy, traced.scans, name))
+        transform, loop = transform_for(select)
 
         def evaluate(*dynamic):
             interp = _Interpreter(transform, loop, {})
