@@ -165,6 +165,23 @@ def test_vmap_and_kwargs_and_pytree_outputs():
     assert_tree_allclose(g2, jax.grad(lambda ws: f(x, scale=0.5, ws=ws)["ys"][1])(ws), scale=10)
 
 
+def test_traced_once_per_input_structure():
+    calls = []
+
+    def f(x, n):
+        calls.append(x.shape)
+        return lax.scan(lambda c, _: (jnp.sin(c), None), x, length=n)[0]
+
+    f2 = remat.apply(f, "full")
+    f2(jnp.ones(3), 2)
+    f2(jnp.zeros(3), 2)  # same shapes, dtypes and static `n`: no new trace
+    assert calls == [(3,)]
+    f2(jnp.ones(4), 2)
+    f2(jnp.ones(4), 3)  # `n` is a Python int: static, part of the cache key
+    assert calls == [(3,), (4,), (4,)]
+    assert_tree_allclose(f2(jnp.ones(4), 3), f(jnp.ones(4), 3))
+
+
 def test_closed_over_constants_and_scan_consts_and_reverse():
     ws, x = mlp_args()
     bias = jnp.linspace(-1.0, 1.0, D)  # closed over by fn: a constant of the traced program
@@ -226,6 +243,10 @@ def test_list_scans_positions_names_sources():
         (2, "inner", ("dec", "inner"), 2),
     ]
     assert all(s.source.startswith(__file__) for s in scans)
+    shapes = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), two_scans_args()
+    )
+    assert remat.list_scans(two_scans, *shapes) == scans  # shapes suffice, nothing allocated
     lines, first = inspect.getsourcelines(two_scans)
     enc_line = first + next(i for i, line in enumerate(lines) if "lax.scan(enc_body" in line)
     assert scans[0].source.endswith(f":{enc_line}")

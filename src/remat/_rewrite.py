@@ -63,7 +63,15 @@ Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], 
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, jax.Array | np.ndarray | np.generic)
+    """Array leaves are traced; every other leaf (Python numbers, strings, ...) is static."""
+    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
+
+
+def _aval(x) -> tuple[Any, ...]:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.shape, x.dtype, bool(getattr(x, "weak_type", False))
+    aval = jax.typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +84,8 @@ class _Traced:
 def _split_args(args, kwargs):
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     dynamic = [x for x in leaves if _is_array(x)]
-    avals = tuple(
-        (jax.typeof(x).shape, jax.typeof(x).dtype, jax.typeof(x).weak_type) for x in dynamic
-    )
-    static = tuple(None if _is_array(x) else x for x in leaves)
+    avals = tuple(_aval(x) for x in dynamic)
+    static = tuple(None if _is_array(x) else (type(x), x) for x in leaves)
     return leaves, treedef, dynamic, (treedef, static, avals)
 
 
@@ -93,11 +99,8 @@ def _trace(fn, leaves, treedef) -> _Traced:
         return fn(*args, **kwargs)
 
     specs = [
-        jax.ShapeDtypeStruct(
-            jax.typeof(x).shape, jax.typeof(x).dtype, weak_type=jax.typeof(x).weak_type
-        )
-        for x, d in zip(leaves, is_dyn, strict=True)
-        if d
+        jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+        for shape, dtype, weak in (_aval(x) for x, d in zip(leaves, is_dyn, strict=True) if d)
     ]
     closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
     scans: list[ScanInfo] = []
@@ -149,7 +152,7 @@ def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanIn
 
     Args:
       fn: the function; it is traced, not run.
-      *args: positional arguments (arrays or `jax.ShapeDtypeStruct`-like arrays).
+      *args: positional arguments: arrays, or `jax.ShapeDtypeStruct` to avoid allocating.
       **kwargs: keyword arguments.
 
     Returns:
