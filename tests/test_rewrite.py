@@ -216,6 +216,26 @@ def test_scan_inside_jit_cond_and_checkpoint():
     assert count(jax.make_jaxpr(f2)(ws, x).jaxpr, "remat2") == 1 + 2  # outer + one per scan
 
 
+def test_scan_inside_jit_with_shardings_keeps_them():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    sharding = NamedSharding(jax.make_mesh((1,), ("data",)), P("data"))
+
+    @jax.jit
+    def f(ws, x):
+        blocks = jax.jit(mlp, in_shardings=(None, sharding), out_shardings=None)
+        return blocks(ws, x)
+
+    f2 = remat.apply(f, "full")
+    check_twin(f, f2, *mlp_args())
+    jaxpr = jax.make_jaxpr(f2)(*mlp_args()).jaxpr
+    (inner,) = [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "jit"]
+    assert inner.params["name"] == "mlp"
+    assert inner.params["in_shardings"][1] == sharding  # the jit kept its shardings
+    assert count(jaxpr, "remat2") == 1
+
+
 def test_scans_inside_custom_jvp_are_left_alone():
     @jax.custom_jvp
     def g(x):

@@ -29,8 +29,10 @@ names from the program's root. A string in `remat.Strategy.scans` selects the sc
 ``name`` or ``"/".join(path)`` equals it.
 
 The interpreter looks into the sub-programs of ``jit``, ``closed_call``, ``checkpoint``
-(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again (``jit`` and
-``closed_call`` inline, ``checkpoint`` and ``cond`` with `jax.checkpoint` / `lax.switch`).
+(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again: a ``jit`` is
+bound again with its own parameters (name, shardings, donation) on the rewritten sub-program,
+``closed_call`` is inlined, ``checkpoint`` and ``cond`` are rebuilt with `jax.checkpoint` and
+`lax.switch`.
 Scans inside ``custom_jvp``/``custom_vjp`` functions, ``while_loop`` and ``shard_map`` are left
 alone and not listed: autodiff does not differentiate through them (custom rules, no reverse
 mode) or they are out of this module's scope.
@@ -242,8 +244,12 @@ class _Interpreter:
         def run(j, consts, b):
             return lambda *a: self.eval(j, consts, a, b, inner_path, inner_rel)
 
-        if prim is _P.jit_p or prim is _P.closed_call_p:
-            closed = params.get("jaxpr", params.get("call_jaxpr"))
+        if prim is _P.jit_p:  # the same jit (name, shardings, donation) on the rewritten program
+            closed = params["jaxpr"]
+            new = jax.make_jaxpr(run(closed.jaxpr, closed.consts, base))(*closed.in_avals)
+            return prim.bind(*invals, **dict(params, jaxpr=new))
+        if prim is _P.closed_call_p:
+            closed = params["call_jaxpr"]
             return run(closed.jaxpr, closed.consts, base)(*invals)
         if prim is _P.call_p:
             return run(params["call_jaxpr"], (), base)(*invals)
