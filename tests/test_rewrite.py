@@ -404,6 +404,17 @@ def test_no_scan_checkpoints_whole_function_with_warning():
         remat.apply(f, remat.Strategy("full", scans=(0,)))(*args)
 
 
+def test_decorator_form():
+    @remat.apply(strategy="full")
+    def f2(ws, x):
+        return mlp(ws, x)
+
+    check_twin(mlp, f2, *mlp_args())
+    assert n_residuals(f2, *mlp_args(), shape=(L, B, D)) == 1
+    with pytest.raises(ValueError, match=r"`remat.apply`.*'fulll'"):
+        remat.apply(strategy="fulll")
+
+
 def test_bad_inputs():
     with pytest.raises(TypeError, match=r"`remat.apply`"):
         remat.apply(3, "full")

@@ -361,7 +361,7 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
     return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
 
 
-def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
+def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callable[..., Any]:
     """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
 
     ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
@@ -377,7 +377,9 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
       fn: the function; pytree arguments, keyword arguments and pytree outputs.
       strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
         ``"everything"``, ``"names:a,b"``, ``"offload:a,b"``), a policy callable, or a
-        `remat.Strategy`. ``"none"`` leaves the scans as they are.
+        `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
+        as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
+        ``remat.apply(strategy=...)`` is a decorator.
 
     Returns:
       A function with ``fn``'s signature and output structure, whose values and gradients
@@ -398,6 +400,9 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
       >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
       True
     """
+    if fn is None:
+        as_strategy(strategy, "remat.apply")  # validate now, not when decorating
+        return functools.partial(apply, strategy=strategy)
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
     strategy = as_strategy(strategy, "remat.apply")
