@@ -378,6 +378,7 @@ def test_schedules_run_through_remat_scan():
     for schedule in ["per_step", remat.Nested(2), remat.Binomial(2)]:
         f2 = remat.apply(mlp, remat.Strategy("full", schedule=schedule))
         check_twin(mlp, f2, ws, x, argnums=(0, 1))
+        assert_tree_allclose(f2(ws, x), mlp(ws, x))  # forward only, no autodiff
         carries[str(schedule)] = [
             leaf.shape[0] for leaf in residuals(f2, ws, x) if leaf.shape[1:] == (B, D)
         ]
