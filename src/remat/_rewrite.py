@@ -53,10 +53,12 @@ from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
+from ._scan_info import _source as _source  # imported from here by `_costmodel`
 from ._strategy import Strategy, as_strategy, resolve_policy
 from ._warnings import RematWarning
 
 _P = jcore.primitives
+_count = count  # the number of scans in a jaxpr; imported from here by `_tag`
 
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
