@@ -428,7 +428,8 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
             from ._scan import scan  # the scan issue's module; imported when first needed
 
             def step(carry, x):
-                return body(consts, carry, x)
+                new, ys = body(consts, carry, x)
+                return type(carry)(new), ys  # the same sequence type as handed in
 
             return scan(
                 step,
