@@ -46,6 +46,10 @@ _NOT_SCALAR = (
     "`remat.measure` needs a scalar-valued (loss) function, but fn returned {got}. Reduce the "
     "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
 )
+_ABSTRACT_TIMED = (
+    "`remat.measure` got a `jax.ShapeDtypeStruct` at {path} with repeats={repeats}; abstract "
+    "arguments can be compiled and measured but not run. Pass repeats=0, or real arrays."
+)
 _BAD_ARGNUMS = (
     "`remat.measure` got argnums={argnums!r} for {n} positional argument(s); pass an int or a "
     "tuple of ints in range(0, {n}), as for `jax.grad`."
@@ -78,7 +82,7 @@ _PLAIN_FLOPS_SIZE = 16
 
 def _plain_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    avals = tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves)
+    avals = tuple((tuple(np.shape(x)), str(_dtype(x))) for x in leaves)
     key = (fn, argnums, jax.default_backend(), treedef, avals)
     try:
         hash(key)
@@ -181,7 +185,12 @@ def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: in
 ### Validation
 
 
-def _check_args(args: Sequence[Any], argnums: Any) -> tuple[int, ...]:
+def _dtype(leaf: Any) -> Any:
+    dtype = getattr(leaf, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else jax.numpy.result_type(leaf)
+
+
+def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
     n = len(args)
     argnums_t = (argnums,) if isinstance(argnums, int) else argnums
     if (
@@ -191,12 +200,15 @@ def _check_args(args: Sequence[Any], argnums: Any) -> tuple[int, ...]:
     ):
         raise ValueError(_BAD_ARGNUMS.format(argnums=argnums, n=n))
     for path, leaf in jax.tree_util.tree_leaves_with_path(args):
-        if not isinstance(leaf, _SCALARS):
-            where = "args" + jax.tree_util.keystr(path)
+        where = "args" + jax.tree_util.keystr(path)
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            if repeats:
+                raise TypeError(_ABSTRACT_TIMED.format(path=where, repeats=repeats))
+        elif not isinstance(leaf, _SCALARS):
             raise TypeError(_NOT_ARRAY.format(kind=type(leaf).__name__, path=where))
     for i in argnums_t:
         for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
-            dtype = jax.numpy.result_type(leaf)
+            dtype = _dtype(leaf)
             if not np.issubdtype(dtype, np.inexact):
                 where = f"args[{i}]" + jax.tree_util.keystr(path)
                 raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
@@ -253,7 +265,9 @@ def measure(
 
     Args:
       fn: a function returning a scalar (the loss).
-      *args: its arguments: arrays or pytrees of arrays.
+      *args: its arguments: arrays or pytrees of arrays. With ``repeats=0`` they may be
+        `jax.ShapeDtypeStruct` s: the step is compiled and measured but never run, so
+        programs too large to run here can still be measured.
       argnums: which positional arguments to differentiate, as in `jax.grad`.
       strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
         strategy `remat.apply` takes). None measures ``fn`` as written.
@@ -288,7 +302,7 @@ def measure(
         raise TypeError(_NOT_CALLABLE.format(got=fn))
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
         raise ValueError(_BAD_REPEATS.format(got=repeats))
-    argnums_t = _check_args(args, argnums)
+    argnums_t = _check_args(args, argnums, repeats)
     argnums = argnums if isinstance(argnums, int) else argnums_t
 
     if strategy is None:
