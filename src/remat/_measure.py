@@ -73,14 +73,15 @@ _CAUSE_OTHER = (
 )
 _SCALARS = (int, float, complex, bool, np.generic, np.ndarray, jax.Array)
 
-# Compiled gradient FLOPs of plain programs, so that measuring several strategies of one
-# function (as `remat.compare` does) compiles the plain twin once. Keyed by the function
-# object, argnums, backend and the arguments' structure, shapes and dtypes; a few entries.
-_PLAIN_FLOPS: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
-_PLAIN_FLOPS_SIZE = 16
+# Compiled FLOPs of plain gradient steps and of forward passes, so that measuring several
+# strategies of one function (as `remat.compare` does) compiles the plain twin and the forward
+# pass once. Keyed by the function object, what was compiled ("forward" or argnums), the
+# backend and the arguments' structure, shapes and dtypes; a few entries.
+_FLOPS_MEMO: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+_MEMO_SIZE = 16
 
 
-def _plain_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
+def _memo_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
     leaves, treedef = jax.tree_util.tree_flatten(args)
     avals = tuple((tuple(np.shape(x)), str(_dtype(x))) for x in leaves)
     key = (fn, argnums, jax.default_backend(), treedef, avals)
@@ -91,13 +92,13 @@ def _plain_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | 
     return key
 
 
-def _remember_plain(key: tuple[Any, ...] | None, flops: float) -> None:
+def _remember(key: tuple[Any, ...] | None, flops: float) -> None:
     if key is None:
         return
-    _PLAIN_FLOPS[key] = flops
-    _PLAIN_FLOPS.move_to_end(key)
-    while len(_PLAIN_FLOPS) > _PLAIN_FLOPS_SIZE:
-        _PLAIN_FLOPS.popitem(last=False)
+    _FLOPS_MEMO[key] = flops
+    _FLOPS_MEMO.move_to_end(key)
+    while len(_FLOPS_MEMO) > _MEMO_SIZE:
+        _FLOPS_MEMO.popitem(last=False)
 
 
 ### Memory
@@ -254,7 +255,8 @@ def measure(
     step of a scan of length ``N`` counts ``N`` times, nested scans multiply); FLOPs from the
     optimised HLO, counting every matmul (``dot``) and convolution, multiplied by the trip
     counts of the loops around it. **Elementwise work is not counted** in ``flops`` or
-    ``forward_flops``. ``forward_flops`` is the same count for ``jax.jit(fn)`` alone.
+    ``forward_flops``. ``forward_flops`` is the same count for ``jax.jit(fn)`` alone (a
+    checkpoint changes nothing in a pass without a backward pass).
 
     ``recompute_requested`` is True when a `jax.checkpoint` in the traced program has a
     policy that does not save everything. ``recompute_eliminated`` is True when, moreover,
@@ -320,26 +322,32 @@ def measure(
     compile_seconds = time.perf_counter() - start
     memory = measure_compiled(compiled)
     flops = hlo_flops(compiled.as_text())
-    forward_flops = hlo_flops(jax.jit(target).lower(*args).compile().as_text())
+    # Checkpoints change nothing in a pass without a backward pass, so the forward FLOPs of
+    # any strategy are those of `fn` itself.
+    forward_key = _memo_key(fn, "forward", args)
+    forward_flops = _FLOPS_MEMO.get(forward_key) if forward_key is not None else None
+    if forward_flops is None:
+        forward_flops = hlo_flops(jax.jit(fn).lower(*args).compile().as_text())
+        _remember(forward_key, forward_flops)
     residuals = saved_residuals(target, *args, argnums=argnums)
 
     requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
     eliminated, plain_flops = False, None
     if not requested:
-        _remember_plain(_plain_key(target, argnums, args), flops)
+        _remember(_memo_key(target, argnums, args), flops)
     else:
-        key = _plain_key(plain if plain is not None else target, argnums, args)
+        key = _memo_key(plain if plain is not None else target, argnums, args)
         if plain is None:
             plain, key = strip_checkpoints(target), key and (*key, "stripped")
         plain_step = jax.value_and_grad(plain, argnums)
         traced = traced_dot_flops(jax.make_jaxpr(step)(*args).jaxpr)
         traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
         if traced > traced_plain:
-            plain_flops = _PLAIN_FLOPS.get(key) if key is not None else None
+            plain_flops = _FLOPS_MEMO.get(key) if key is not None else None
             if plain_flops is None:
                 compiled_plain = jax.jit(plain_step).lower(*args).compile()
                 plain_flops = hlo_flops(compiled_plain.as_text())
-                _remember_plain(key, plain_flops)
+                _remember(key, plain_flops)
             eliminated = flops <= plain_flops
     backend = jax.default_backend()
     if eliminated:
