@@ -282,7 +282,7 @@ class Report:
             lines.append("! XLA removed the recomputation this strategy asked for")
         return "\n".join(lines)
 
-    def render(self, width: int = 110) -> str:
+    def render(self, width: int = 120) -> str:
         """The table as plain text (no colour), ``width`` characters wide at most."""
         from rich.console import Console
 
