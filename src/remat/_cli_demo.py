@@ -104,13 +104,16 @@ def run(args: argparse.Namespace) -> int:
         )
     print(report)
     half = 0.5 * report.baseline_measurement.peak_bytes
-    json_path = report.to_json(args.out / "report.json")
-    png_path = report.plot(
-        args.out / "pareto.png",
-        budget=half,
-        budget_label="half the baseline's peak",
-        highlight=report.cheapest(0.5),
-    )
+    try:
+        json_path = report.to_json(args.out / "report.json")
+        png_path = report.plot(
+            args.out / "pareto.png",
+            budget=half,
+            budget_label="half the baseline's peak",
+            highlight=report.cheapest(0.5),
+        )
+    except OSError as err:
+        raise CliError(f"cannot write into {args.out}: {err}", EXIT_USAGE) from err
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     return 0

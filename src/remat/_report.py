@@ -388,7 +388,11 @@ class Report:
             raise ValueError(
                 _NOT_A_REPORT.format(path=path, why=f"version {data.get('version')!r}")
             )
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, AttributeError) as err:
+            why = f"malformed: {type(err).__name__}: {err}"
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from err
 
 
 def _ratio(value: float, base: float) -> str:
