@@ -119,6 +119,7 @@ class Choice:
     choices: dict[int, ScanChoice]
     scans: tuple[ScanPlan, ...]
     model_bytes: float  # saved + weighted transient, without the base
+    flops: float  # the model's recompute FLOPs
 
 
 def decode(
@@ -127,6 +128,7 @@ def decode(
     offsets: Sequence[int],
     models: Sequence[ScanModel],
     transient_weight: float,
+    stored_weight: float = 1.0,
 ) -> Choice:
     choices: dict[int, ScanChoice] = {}
     scans = []
@@ -172,8 +174,9 @@ def decode(
                 recompute_flops=float(flops),
             )
         )
-    model_bytes = solution.saved_bytes + transient_weight * solution.transient_bytes
-    return Choice(choices, tuple(scans), model_bytes)
+    model_bytes = stored_weight * solution.saved_bytes + transient_weight * solution.transient_bytes
+    flops = float(sum(s.recompute_flops for s in scans))
+    return Choice(choices, tuple(scans), model_bytes, flops)
 
 
 def _positions(models: Sequence[ScanModel]) -> list[int]:
