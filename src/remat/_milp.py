@@ -183,6 +183,7 @@ def solve(
     options: Sequence[Option] = (),
     fixed_bytes: float = 0,
     transient_weight: float = 1.0,
+    stored_weight: float = 1.0,
     minimize: str = "flops",
     time_limit: float = 30.0,
 ) -> Solution | None:
@@ -196,6 +197,8 @@ def solve(
       fixed_bytes: memory that does not depend on the choice.
       transient_weight: the fraction of the transient memory counted against the budget
         (calibrated on the compiled program: XLA fuses much of a step's recomputation).
+      stored_weight: the factor by which stored bytes (saved nodes, options' bytes) are
+        counted (calibrated likewise; 1 unless the compiled program keeps more or less).
       minimize: ``"flops"`` (the cheapest choice that fits) or ``"memory"`` (the smallest
         memory reachable at all, whatever it costs; the budget is ignored).
       time_limit: seconds HiGHS may take.
@@ -231,12 +234,12 @@ def solve(
     mem = np.zeros(nvar)
     flops = np.zeros(nvar)
     for i, node in enumerate(nodes):
-        mem[i] = node.bytes * node.multiplicity
+        mem[i] = stored_weight * node.bytes * node.multiplicity
         flops[n + i] = node.recompute_flops
         flops[off + i] = node.offload_flops or 0.0
     mem[t] = transient_weight
     for k, opt in enumerate(options):
-        mem[y + k] = opt.bytes
+        mem[y + k] = stored_weight * opt.bytes
         flops[y + k] = opt.flops
     scale_mem = max(float(np.abs(mem).max()), 1.0)
     scale_flops = max(float(flops.sum()), 1.0)
@@ -301,7 +304,11 @@ def solve(
     if result.x is None:
         return None
     solution = _solution(nodes, options, np.round(result.x))
-    used = fixed_bytes + solution.saved_bytes + transient_weight * solution.transient_bytes
+    used = (
+        fixed_bytes
+        + stored_weight * solution.saved_bytes
+        + transient_weight * solution.transient_bytes
+    )
     if minimize == "flops" and used > budget_bytes * (1 + 1e-6):
         return None
     return solution

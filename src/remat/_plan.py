@@ -311,6 +311,7 @@ class _Prepared:
     offsets: tuple[int, ...]
     base: float  # calibrated memory outside the modelled choice
     weight: float  # calibrated fraction of the transient memory that is live
+    stored: float  # calibrated factor on stored bytes
     smallest: int  # the smaller calibration peak
     fingerprint: str
     model_seconds: float
@@ -346,13 +347,10 @@ def _prepare(
     nothing = fixed_choice(cands, offsets, models, per_step, save=False)
     peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
     peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
-    base = peak_all - everything.model_bytes
-    transient = nothing.model_bytes - stored_bytes(nothing)
-    weight = (
-        min(max((peak_none - base - stored_bytes(nothing)) / transient, 0.0), 1.0)
-        if transient
-        else 1.0
-    )
+    base, stored, weight = calibrate(
+        peak_all, everything.model_bytes, peak_none, stored_bytes(nothing),
+        nothing.model_bytes - stored_bytes(nothing),
+    )  # fmt: skip
     return _Prepared(
         fn=fn,
         args=tuple(args),
@@ -365,6 +363,7 @@ def _prepare(
         offsets=tuple(offsets),
         base=float(base),
         weight=float(weight),
+        stored=float(stored),
         smallest=min(peak_all, peak_none),
         fingerprint=print_,
         model_seconds=model_seconds,
@@ -377,55 +376,104 @@ def _plan_prepared(
     """Solves, rewrites and measures for one budget (see `plan`)."""
     baseline_peak = peak_of(prep.baseline)
     budget_bytes = parse_budget(budget, baseline_peak, device_memory)
-    fn, args, argnums, weight = prep.fn, prep.args, prep.argnums, prep.weight
+    fn, args, argnums = prep.fn, prep.args, prep.argnums
+    weights = dict(transient_weight=prep.weight, stored_weight=prep.stored)
     solve_seconds = prep.model_seconds
     margin = 0.0
     smallest = prep.smallest
     measured_by_choice: dict[Any, Measurement] = {}
-    for rounds in range(1, max_rounds + 1):
+    best: tuple[Any, ...] | None = None
+    rounds = 0
+    while rounds < max_rounds:
+        rounds += 1
         clock = time.perf_counter()
         solution = solve(
             prep.nodes, budget_bytes, options=prep.options, fixed_bytes=prep.base + margin,
-            transient_weight=weight,
+            **weights,
         )  # fmt: skip
         last = solution is None
         if last:
+            if best is not None:
+                break
             solution = solve(prep.nodes, budget_bytes, options=prep.options,
-                             minimize="memory", transient_weight=weight)  # fmt: skip
-        choice = decode(solution, prep.cands, prep.offsets, prep.models, weight)
+                             minimize="memory", **weights)  # fmt: skip
+        choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored)
         solve_seconds += time.perf_counter() - clock
-        planned = rewrite(fn, choice.choices)
         key = tuple(
             sorted(
                 (k, v.names, v.offload, _schedule_key(v.schedule))
                 for k, v in choice.choices.items()
             )
         )
-        if key not in measured_by_choice:
-            measured_by_choice[key] = compile_measure(planned, args, argnums, "plan", prep.baseline)
+        seen = key in measured_by_choice
+        if not seen:
+            planned = rewrite(fn, choice.choices)
+            measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
+            measured_by_choice[key] = measured
         measured = measured_by_choice[key]
         peak = peak_of(measured)
         smallest = min(smallest, peak)
         predicted = int(prep.base + choice.model_bytes)
+        # How far the model (with this round's margin) was off, in bytes; > 0: optimistic.
+        error = peak - (predicted + margin)
         if peak <= budget_bytes:
-            return Plan(
-                fn=planned,
-                scans=choice.scans,
-                budget_bytes=budget_bytes,
-                predicted_peak_bytes=predicted,
-                measured=measured,
-                baseline_peak_bytes=baseline_peak,
-                baseline_flops=prep.baseline.flops,
-                solve_seconds=solve_seconds,
-                rounds=rounds,
-                fingerprint=prep.fingerprint,
-                argnums=argnums,
-            )
-        if last:
+            candidate = (choice.flops, peak, rounds, choice, measured, predicted)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+            if error >= -0.02 * budget_bytes or seen:
+                break  # the model was not pessimistic enough to leave a cheaper plan out
+        elif last:
             break
-        # The model was optimistic by (peak - predicted - margin): tighten by that much.
-        margin += max(peak - (predicted + margin), 0.01 * budget_bytes)
-    raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+        # Correct the model by what the compiled program showed: tighten when it was
+        # optimistic (at least 1% of the budget), loosen when it was pessimistic.
+        margin += max(error, 0.01 * budget_bytes) if peak > budget_bytes else error
+    if best is None:
+        raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+    _, _, _, choice, measured, predicted = best
+    return Plan(
+        fn=rewrite(fn, choice.choices),
+        scans=choice.scans,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=predicted,
+        measured=measured,
+        baseline_peak_bytes=baseline_peak,
+        baseline_flops=prep.baseline.flops,
+        solve_seconds=solve_seconds,
+        rounds=rounds,
+        fingerprint=prep.fingerprint,
+        argnums=argnums,
+    )
+
+
+def calibrate(
+    peak_all: float, stored_all: float, peak_none: float, stored_none: float, transient: float
+) -> tuple[float, float, float]:
+    """Fits ``peak = base + stored_weight * stored + transient_weight * transient``.
+
+    Two compiled points: every needed value saved (``stored_all``, no transient) and nothing
+    saved (``stored_none`` and ``transient``). With ``stored_weight = 1`` the two give
+    ``base`` and ``transient_weight``; when that weight falls outside ``[0, 1]`` it is clamped
+    and ``stored_weight`` is fitted instead.
+
+    Returns:
+      ``(base, stored_weight, transient_weight)``.
+
+    Example:
+      >>> from remat._plan import calibrate
+      >>> calibrate(peak_all=100, stored_all=80, peak_none=40, stored_none=10, transient=20)
+      (20.0, 1.0, 0.5)
+      >>> [round(x, 3) for x in calibrate(100, 80, peak_none=20, stored_none=10, transient=20)]
+      [8.571, 1.143, 0.0]
+    """
+    base = peak_all - stored_all
+    weight = (peak_none - base - stored_none) / transient if transient else 1.0
+    if 0.0 <= weight <= 1.0 or stored_all == stored_none:
+        return float(base), 1.0, float(min(max(weight, 0.0), 1.0))
+    weight = 0.0 if weight < 0 else 1.0
+    # peak_all = base + s * stored_all;  peak_none = base + s * stored_none + weight * transient
+    s = (peak_all - peak_none + weight * transient) / (stored_all - stored_none)
+    s = max(s, 0.0)
+    return float(peak_all - s * stored_all), float(s), weight
 
 
 def plan_budgets(

@@ -120,6 +120,7 @@ class Choice:
     choices: dict[int, ScanChoice]
     scans: tuple[ScanPlan, ...]
     model_bytes: float  # saved + weighted transient, without the base
+    flops: float  # the model's recompute FLOPs
 
 
 def decode(
@@ -128,6 +129,7 @@ def decode(
     offsets: Sequence[int],
     models: Sequence[ScanModel],
     transient_weight: float,
+    stored_weight: float = 1.0,
 ) -> Choice:
     choices: dict[int, ScanChoice] = {}
     scans = []
@@ -179,8 +181,9 @@ def decode(
                 offloaded=offloaded,
             )
         )
-    model_bytes = solution.saved_bytes + transient_weight * solution.transient_bytes
-    return Choice(choices, tuple(scans), model_bytes)
+    model_bytes = stored_weight * solution.saved_bytes + transient_weight * solution.transient_bytes
+    flops = float(sum(s.recompute_flops for s in scans))
+    return Choice(choices, tuple(scans), model_bytes, flops)
 
 
 def _positions(models: Sequence[ScanModel]) -> list[int]:
