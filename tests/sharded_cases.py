@@ -265,7 +265,12 @@ def plan_jit_in_shardings():
         out_shardings=NamedSharding(mesh, P()),
     )
     planned = remat.plan(jitted, ws, x, budget=0.8, schedules=False)
+    measured = remat.measure(jitted, ws, x, repeats=0)
     return {
+        "residual_bytes": sorted(
+            {r.bytes for r in measured.residuals if r.primitive != "argument"}
+        ),
+        "measured_devices": measured.num_devices,
         "model_value_bytes": eight_model_bytes((ws, x), jitted),
         "devices": planned.measured.num_devices,
         "fits": planned.measured_peak_bytes <= planned.budget_bytes,

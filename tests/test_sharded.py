@@ -133,3 +133,5 @@ def test_planner_reads_shardings_declared_by_jit(cases):
     out = result(cases, "plan_jit_in_shardings")
     assert out["model_value_bytes"] == [256 // 8 * 32 * 4]  # as with placed arguments
     assert out["devices"] == 8 and out["fits"] and out["grads_equal"]
+    assert out["measured_devices"] == 8
+    assert out["residual_bytes"] == [256 // 8 * 32 * 4]  # measure's residuals, per device

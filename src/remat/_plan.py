@@ -61,6 +61,11 @@ from ._tag import planned_scans, rewrite
 from ._warnings import RematWarning
 
 _NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
+_ABSTRACT = (
+    "`remat.plan` got a `jax.ShapeDtypeStruct` argument; the planner traces the function with "
+    "its arguments' values' shapes and shardings, so pass arrays (on a mesh: "
+    "`jax.device_put(x, sharding)`, or `jax.make_array_from_process_local_data`)."
+)
 _NO_SCAN = (
     "`remat.plan` found no `scan` in {name}. The planner chooses what each scan step saves; "
     "put the layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`), or use "
@@ -325,7 +330,9 @@ def _prepare(
     host_bandwidth: float | None = None,
 ):
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
-    _check_args(args, argnums)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
+        raise TypeError(_ABSTRACT)
+    _check_args(args, argnums, 0)
     clock = time.perf_counter()
     infos = planned_scans(fn, *args)
     if not infos:

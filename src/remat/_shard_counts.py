@@ -291,8 +291,9 @@ def shard_counts(
     # No value is split into more pieces than there are devices (a merge of splits along
     # different dimensions can overshoot when two of them come from the same mesh axis).
     cap = num_devices or max(
-        (_num_devices(s) for s in in_shardings if isinstance(s, jax.sharding.Sharding)),
-        default=max((math.prod(s) for s in in_shardings if isinstance(s, tuple)), default=1),
+        env.devices,  # meshes named by jit shardings and sharding constraints inside
+        *(_num_devices(s) for s in in_shardings if isinstance(s, jax.sharding.Sharding)),
+        *(math.prod(s) for s in in_shardings if isinstance(s, tuple)),
     )
     return {var: min(math.prod(splits), cap) for var, splits in env.splits.items()}
 
@@ -313,14 +314,15 @@ def per_device_residuals(
     """``residuals`` (`remat.Residual`) with their bytes divided by their shard counts.
 
     ``closed`` is the traced forward program, ``leaves`` its flat arguments (whose
-    shardings seed the propagation) and ``residual_vars`` its residual outputs, one per
-    residual. Returns ``residuals`` unchanged when no argument is sharded.
+    shardings seed the propagation, with those a `jax.jit` inside declares) and
+    ``residual_vars`` its residual outputs, one per residual. Unsharded programs keep their
+    bytes (every count is 1).
     """
-    from ._sharding import _sharding_of, is_sharded
+    from ._sharding import _sharding_of
 
-    if not is_sharded(list(leaves)):
-        return tuple(residuals)
     counts = shard_counts(closed, [_sharding_of(x) for x in leaves])
+    if all(c == 1 for c in counts.values()):
+        return tuple(residuals)
     return tuple(
         dataclasses.replace(r, bytes=r.bytes // max(1, counts.get(v, 1)))
         if not isinstance(v, core.Literal)
