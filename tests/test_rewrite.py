@@ -19,6 +19,7 @@ from jax.extend import core as jcore
 import remat
 from conftest import assert_tree_allclose
 from remat._rewrite import rewrite_scans
+from remat._strategy import offload_available
 
 L, B, D = 4, 8, 16  # layers, batch, width of the scanned MLP
 
@@ -88,9 +89,13 @@ def _plain(f, argnums, *args):
 
 
 def n_residuals(f, *args, shape):
-    """How many values of ``shape`` `jax.vjp` keeps for the backward pass."""
-    _, vjp = jax.vjp(f, *args)
-    return sum(leaf.shape == shape for leaf in jax.tree_util.tree_leaves(vjp))
+    """How many values of ``shape`` `jax.vjp` keeps for the backward pass (traced, not run)."""
+    return sum(leaf.shape == shape for leaf in residuals(f, *args))
+
+
+def residuals(f, *args):
+    """The arrays `jax.vjp` keeps for the backward pass of ``f``, as shapes."""
+    return jax.tree_util.tree_leaves(jax.eval_shape(lambda *a: jax.vjp(f, *a)[1], *args))
 
 
 def count(jaxpr, name) -> int:
@@ -142,7 +147,7 @@ def test_values_and_gradients_equal_plain(strategy):
 
 def test_nested_scans_pytree_args_and_selection_values():
     args = two_scans_args()
-    for strategy in ["full", remat.Strategy("dots", scans=("inner",)), remat.Strategy(scans=(0,))]:
+    for strategy in ["full", remat.Strategy("dots", scans=("inner",))]:
         check_twin(two_scans, remat.apply(two_scans, strategy), *args)
 
 
@@ -158,6 +163,23 @@ def test_vmap_and_kwargs_and_pytree_outputs():
     assert_tree_allclose(batched, jax.vmap(lambda x: f(x, scale=0.5, ws=ws))(x))
     g2 = jax.grad(lambda ws: f2(x, scale=0.5, ws=ws)["ys"][1])(ws)
     assert_tree_allclose(g2, jax.grad(lambda ws: f(x, scale=0.5, ws=ws)["ys"][1])(ws), scale=10)
+
+
+def test_traced_once_per_input_structure():
+    calls = []
+
+    def f(x, n):
+        calls.append(x.shape)
+        return lax.scan(lambda c, _: (jnp.sin(c), None), x, length=n)[0]
+
+    f2 = remat.apply(f, "full")
+    f2(jnp.ones(3), 2)
+    f2(jnp.zeros(3), 2)  # same shapes, dtypes and static `n`: no new trace
+    assert calls == [(3,)]
+    f2(jnp.ones(4), 2)
+    f2(jnp.ones(4), 3)  # `n` is a Python int: static, part of the cache key
+    assert calls == [(3,), (4,), (4,)]
+    assert_tree_allclose(f2(jnp.ones(4), 3), f(jnp.ones(4), 3))
 
 
 def test_closed_over_constants_and_scan_consts_and_reverse():
@@ -221,6 +243,10 @@ def test_list_scans_positions_names_sources():
         (2, "inner", ("dec", "inner"), 2),
     ]
     assert all(s.source.startswith(__file__) for s in scans)
+    shapes = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), two_scans_args()
+    )
+    assert remat.list_scans(two_scans, *shapes) == scans  # shapes suffice, nothing allocated
     lines, first = inspect.getsourcelines(two_scans)
     enc_line = first + next(i for i, line in enumerate(lines) if "lax.scan(enc_body" in line)
     assert scans[0].source.endswith(f":{enc_line}")
@@ -273,6 +299,24 @@ def test_residuals_counted_by_hand():
     assert n_residuals(remat.apply(mlp, "dots"), *args, shape=stacked) == 3
 
 
+def test_names_strategy_saves_the_named_value():
+    """With `a` tagged, "names:a" keeps h and a per layer; everything else is recomputed."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    def tagged(ws, x):
+        def body(h, w):
+            a = checkpoint_name(jnp.sin(h @ w), "a")
+            return jnp.sin(a @ w), None
+
+        return jnp.sum(lax.scan(body, x, ws)[0] ** 2)
+
+    args = mlp_args()
+    f2 = remat.apply(tagged, "names:a")
+    check_twin(tagged, f2, *args)
+    assert n_residuals(f2, *args, shape=(L, B, D)) == 2
+    assert n_residuals(remat.apply(tagged, "names:b"), *args, shape=(L, B, D)) == 1
+
+
 def test_recomputation_counted_in_gradient_jaxpr():
     """Forward 2 dots; backward 2 per dot (for h and for w). "full" recomputes the 2 forward dots
     in the backward scan; "dots" saves them and recomputes only the `sin` between them."""
@@ -314,9 +358,8 @@ def test_schedules_run_through_remat_scan():
     for schedule in ["per_step", remat.Nested(2), remat.Binomial(2)]:
         f2 = remat.apply(mlp, remat.Strategy("full", schedule=schedule))
         check_twin(mlp, f2, ws, x, argnums=(0, 1))
-        _, vjp = jax.vjp(f2, ws, x)
         carries[str(schedule)] = [
-            leaf.shape[0] for leaf in jax.tree_util.tree_leaves(vjp) if leaf.shape[1:] == (B, D)
+            leaf.shape[0] for leaf in residuals(f2, ws, x) if leaf.shape[1:] == (B, D)
         ]
     assert carries["per_step"] == [n]
     assert carries["Nested(levels=2, lengths=None)"] == [4]
@@ -337,6 +380,8 @@ def test_no_scan_checkpoints_whole_function_with_warning():
         check_twin(f, f2, *args)
     assert count(jax.make_jaxpr(f2)(*args).jaxpr, "remat2") == 1  # warned once, above
     assert remat.apply(f, "none") is f  # nothing to do, nothing to warn about
+    with pytest.raises(ValueError, match=r"matches no scan.*scans are: none"):
+        remat.apply(f, remat.Strategy("full", scans=(0,)))(*args)
 
 
 def test_bad_inputs():
@@ -344,25 +389,27 @@ def test_bad_inputs():
         remat.apply(3, "full")
     with pytest.raises(ValueError, match=r"`remat.apply`.*'fulll'.*none"):
         remat.apply(mlp, "fulll")
+    if not offload_available():  # e.g. CPU: no separate host memory space to offload to
+        with pytest.raises(ValueError, match=r"`remat.apply`.*'offload:a'.*names:a"):
+            remat.apply(mlp, "offload:a")
     with pytest.raises(TypeError, match=r"`remat.list_scans`"):
         remat.list_scans("f")
 
 
 def test_rewrite_scans_gives_transform_the_body_jaxpr():
-    """The planner's hook: a transform that evaluates the body jaxpr itself, tagging values."""
+    """The planner's hook: tag the body's matmul outputs and save only those."""
     from jax.ad_checkpoint import checkpoint_name
 
+    seen = []
+
     def transform(info, body):
+        seen.append((info.num_consts, info.num_carry, len(info.jaxpr.jaxpr.invars)))
+
+        def tag(eqn, i, value):
+            return checkpoint_name(value, "dot") if eqn.primitive.name == "dot_general" else value
+
         def tagged(consts, carry, xs):
-            jaxpr, env = info.jaxpr.jaxpr, {}
-            env.update(zip(jaxpr.invars, [*consts, *carry, *xs], strict=True))
-            for eqn in jaxpr.eqns:  # the scan body of `mlp` has no sub-programs
-                out = eqn.primitive.bind(*(env[v] for v in eqn.invars), **eqn.params)
-                if eqn.primitive.name == "dot_general":
-                    out = checkpoint_name(out, "dot")
-                env[eqn.outvars[0]] = out
-            outs = [env[v] for v in jaxpr.outvars]
-            return outs[: info.num_carry], outs[info.num_carry :]
+            return body(consts, carry, xs, tag=tag)
 
         policy = jax.checkpoint_policies.save_only_these_names("dot")
         return jax.checkpoint(tagged, policy=policy, prevent_cse=False)
@@ -370,8 +417,10 @@ def test_rewrite_scans_gives_transform_the_body_jaxpr():
     args = mlp_args()
     f2 = rewrite_scans(mlp, transform)
     check_twin(mlp, f2, *args)
+    assert seen[0] == (0, 1, 2)  # the body jaxpr: inputs consts + carry + xs
     # Like "dots": the carry and the two tagged matmul outputs per layer.
     assert n_residuals(f2, *args, shape=(L, B, D)) == 3
+    assert n_residuals(rewrite_scans(mlp, lambda info, body: None), *args, shape=(L, B, D)) == 4
 
 
 ### Flax linen, Flax NNX and Equinox layer stacks
