@@ -216,6 +216,26 @@ def test_scan_inside_jit_cond_and_checkpoint():
     assert count(jax.make_jaxpr(f2)(ws, x).jaxpr, "remat2") == 1 + 2  # outer + one per scan
 
 
+def test_scan_inside_jit_with_shardings_keeps_them():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    sharding = NamedSharding(jax.make_mesh((1,), ("data",)), P("data"))
+
+    @jax.jit
+    def f(ws, x):
+        blocks = jax.jit(mlp, in_shardings=(None, sharding), out_shardings=None)
+        return blocks(ws, x)
+
+    f2 = remat.apply(f, "full")
+    check_twin(f, f2, *mlp_args())
+    jaxpr = jax.make_jaxpr(f2)(*mlp_args()).jaxpr
+    (inner,) = [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "jit"]
+    assert inner.params["name"] == "mlp"
+    assert inner.params["in_shardings"][1] == sharding  # the jit kept its shardings
+    assert count(jaxpr, "remat2") == 1
+
+
 def test_scans_inside_custom_jvp_are_left_alone():
     @jax.custom_jvp
     def g(x):
@@ -270,7 +290,7 @@ def test_only_selected_scans_get_a_checkpoint(scans, widths):
     depth_first = [own for _, own in plain]
     if scans in ((0,), ("enc",)):
         assert depth_first == [True, False, False]
-    elif scans == (("dec",)):
+    elif scans == ("dec",):
         assert depth_first == [False, True, False]
     else:
         assert depth_first == [False, False, True]
@@ -358,6 +378,7 @@ def test_schedules_run_through_remat_scan():
     for schedule in ["per_step", remat.Nested(2), remat.Binomial(2)]:
         f2 = remat.apply(mlp, remat.Strategy("full", schedule=schedule))
         check_twin(mlp, f2, ws, x, argnums=(0, 1))
+        assert_tree_allclose(f2(ws, x), mlp(ws, x))  # forward only, no autodiff
         carries[str(schedule)] = [
             leaf.shape[0] for leaf in residuals(f2, ws, x) if leaf.shape[1:] == (B, D)
         ]
@@ -382,6 +403,17 @@ def test_no_scan_checkpoints_whole_function_with_warning():
     assert remat.apply(f, "none") is f  # nothing to do, nothing to warn about
     with pytest.raises(ValueError, match=r"matches no scan.*scans are: none"):
         remat.apply(f, remat.Strategy("full", scans=(0,)))(*args)
+
+
+def test_decorator_form():
+    @remat.apply(strategy="full")
+    def f2(ws, x):
+        return mlp(ws, x)
+
+    check_twin(mlp, f2, *mlp_args())
+    assert n_residuals(f2, *mlp_args(), shape=(L, B, D)) == 1
+    with pytest.raises(ValueError, match=r"`remat.apply`.*'fulll'"):
+        remat.apply(strategy="fulll")
 
 
 def test_bad_inputs():

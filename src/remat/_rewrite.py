@@ -29,8 +29,10 @@ names from the program's root. A string in `remat.Strategy.scans` selects the sc
 ``name`` or ``"/".join(path)`` equals it.
 
 The interpreter looks into the sub-programs of ``jit``, ``closed_call``, ``checkpoint``
-(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again (``jit`` and
-``closed_call`` inline, ``checkpoint`` and ``cond`` with `jax.checkpoint` / `lax.switch`).
+(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again: a ``jit`` is
+bound again with its own parameters (name, shardings, donation) on the rewritten sub-program,
+``closed_call`` is inlined, ``checkpoint`` and ``cond`` are rebuilt with `jax.checkpoint` and
+`lax.switch`.
 Scans inside ``custom_jvp``/``custom_vjp`` functions, ``while_loop`` and ``shard_map`` are left
 alone and not listed: autodiff does not differentiate through them (custom rules, no reverse
 mode) or they are out of this module's scope.
@@ -51,10 +53,12 @@ from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
+from ._scan_info import _source as _source  # imported from here by `_costmodel`
 from ._strategy import Strategy, as_strategy, resolve_policy
 from ._warnings import RematWarning
 
 _P = jcore.primitives
+_count = count  # the number of scans in a jaxpr; imported from here by `_tag`
 
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
@@ -242,8 +246,12 @@ class _Interpreter:
         def run(j, consts, b):
             return lambda *a: self.eval(j, consts, a, b, inner_path, inner_rel)
 
-        if prim is _P.jit_p or prim is _P.closed_call_p:
-            closed = params.get("jaxpr", params.get("call_jaxpr"))
+        if prim is _P.jit_p:  # the same jit (name, shardings, donation) on the rewritten program
+            closed = params["jaxpr"]
+            new = jax.make_jaxpr(run(closed.jaxpr, closed.consts, base))(*closed.in_avals)
+            return prim.bind(*invals, **dict(params, jaxpr=new))
+        if prim is _P.closed_call_p:
+            closed = params["call_jaxpr"]
             return run(closed.jaxpr, closed.consts, base)(*invals)
         if prim is _P.call_p:
             return run(params["call_jaxpr"], (), base)(*invals)
@@ -355,7 +363,7 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
     return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
 
 
-def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
+def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callable[..., Any]:
     """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
 
     ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
@@ -371,7 +379,9 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
       fn: the function; pytree arguments, keyword arguments and pytree outputs.
       strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
         ``"everything"``, ``"names:a,b"``, ``"offload:a,b"``), a policy callable, or a
-        `remat.Strategy`. ``"none"`` leaves the scans as they are.
+        `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
+        as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
+        ``remat.apply(strategy=...)`` is a decorator.
 
     Returns:
       A function with ``fn``'s signature and output structure, whose values and gradients
@@ -392,6 +402,9 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
       >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
       True
     """
+    if fn is None:
+        as_strategy(strategy, "remat.apply")  # validate now, not when decorating
+        return functools.partial(apply, strategy=strategy)
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
     strategy = as_strategy(strategy, "remat.apply")
@@ -415,7 +428,8 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
             from ._scan import scan  # the scan issue's module; imported when first needed
 
             def step(carry, x):
-                return body(consts, carry, x)
+                new, ys = body(consts, carry, x)
+                return type(carry)(new), ys  # the same sequence type as handed in
 
             return scan(
                 step,
