@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(report)
     half = 0.5 * report.baseline_measurement.peak_bytes
-    planned, plan_line = _plan_half(loss_fn, fn_args, report)
+    planned, plan_line = _plan_half(loss_fn, fn_args)
     try:
         json_path = report.to_json(args.out / "report.json")
         png_path = report.plot(
@@ -142,23 +142,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_half(loss_fn, fn_args, report: Report) -> tuple[list, str]:
+def _plan_half(loss_fn, fn_args) -> tuple[list, str]:
     """`remat.plan` at half the baseline's peak: the plot point and one sentence."""
-    from ._plan import InfeasibleBudget, plan
+    from . import _plan
 
-    base = report.baseline_measurement
     try:
-        p = plan(loss_fn, *fn_args, budget=0.5)
-    except InfeasibleBudget as err:
+        p = _plan.plan(loss_fn, *fn_args, budget=0.5)
+    except _plan.InfeasibleBudget as err:
         return [], f"remat.plan: {str(err).replace('`', '')}"
-    m, peak = p.measured, p.measured_peak_bytes
+    m, peak, base_peak = p.measured, p.measured_peak_bytes, p.baseline_peak_bytes
     schedules = ", ".join(sorted({str(s.schedule) for s in p.scans}))
     saved = sum(len(s.names) for s in p.scans)
     line = (
         f"remat.plan for half the memory: saves {saved} chosen values per step "
-        f"(schedule {schedules}), peak {peak / MIB:.1f} MiB ({peak / base.peak_bytes:.0%} of "
+        f"(schedule {schedules}), peak {peak / MIB:.1f} MiB ({peak / base_peak:.0%} of "
         f"the baseline; predicted {p.predicted_peak_bytes / MIB:.1f}) for "
-        f"{m.flops / base.flops:.2f}× the baseline's FLOPs, solved in {p.solve_seconds:.1f} s."
+        f"{m.flops / p.baseline_flops:.2f}× the baseline's FLOPs, solved in "
+        f"{p.solve_seconds:.1f} s."
     )
     return [("plan 50%", peak, m.flops)], line
 

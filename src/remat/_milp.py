@@ -243,11 +243,12 @@ def solve(
         flops[y + k] = opt.flops
     scale_mem = max(float(np.abs(mem).max()), 1.0)
     scale_flops = max(float(flops.sum()), 1.0)
-    if minimize == "flops":
-        # The memory term is worth less than the smallest FLOP difference that matters.
-        c = flops / scale_flops + 1e-7 * mem / (scale_mem * (nvar + 1))
-    else:
-        c = mem / scale_mem + 1e-7 * flops / scale_flops
+    # Lexicographic objectives: first the fewest FLOPs (or the least memory), then, among
+    # those, the least memory (or FLOPs). A tiny tie-breaking term in one objective instead
+    # misleads HiGHS into stopping at worse solutions.
+    first, second = flops / scale_flops, mem / scale_mem
+    if minimize == "memory":
+        first, second = second, first
 
     data, rows, cols, lo, hi = [], [], [], [], []
 
@@ -294,13 +295,20 @@ def solve(
     integrality = np.ones(nvar)
     integrality[t] = 0
     matrix = sparse.csr_array((data, (rows, cols)), shape=(len(lo), nvar))
-    result = milp(
-        c,
-        constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)) if lo else (),
-        integrality=integrality,
-        bounds=Bounds(np.zeros(nvar), upper),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
-    )
+    bounds = Bounds(np.zeros(nvar), upper)
+    # HiGHS's presolve has been seen to call feasible programs of this shape infeasible; these
+    # programs are small, so they are solved without it.
+    options_ = {"time_limit": time_limit, "mip_rel_gap": 1e-9, "presolve": False}
+    constraints = [LinearConstraint(matrix, np.array(lo), np.array(hi))] if lo else []
+    result = milp(first, constraints=constraints, integrality=integrality, bounds=bounds,
+                  options=options_)  # fmt: skip
+    if result.x is not None:
+        best = float(first @ np.round(result.x))
+        keep = LinearConstraint(first[None, :], -np.inf, best + 1e-9 * max(1.0, abs(best)))
+        tie = milp(second, constraints=[*constraints, keep], integrality=integrality,
+                   bounds=bounds, options=options_)  # fmt: skip
+        if tie.x is not None:
+            result = tie
     if result.x is None:
         return None
     solution = _solution(nodes, options, np.round(result.x))

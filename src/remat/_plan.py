@@ -112,7 +112,8 @@ class Plan:
       fn: ``fn`` rewritten by the plan: same signature, same values and gradients.
       scans: one `ScanPlan` per planned scan.
       budget_bytes: the budget the plan was made for.
-      predicted_peak_bytes: the peak memory the calibrated model predicted for the plan.
+      predicted_peak_bytes: the peak memory the calibrated model predicted for the plan
+        before compiling it (corrected by the measured rounds before it, if any).
       measured: the plan's `remat.Measurement` (``None`` for a plan loaded without one).
       baseline_peak_bytes: the un-checkpointed gradient step's peak.
       baseline_flops: the un-checkpointed gradient step's matmul FLOPs.
@@ -420,9 +421,9 @@ def _plan_prepared(
         measured = measured_by_choice[key]
         peak = peak_of(measured)
         smallest = min(smallest, peak)
-        predicted = int(prep.base + choice.model_bytes)
-        # How far the model (with this round's margin) was off, in bytes; > 0: optimistic.
-        error = peak - (predicted + margin)
+        # The model's prediction for this choice, corrected by the rounds measured before it.
+        predicted = int(prep.base + margin + choice.model_bytes)
+        error = peak - predicted  # > 0: the model was optimistic
         if peak <= budget_bytes:
             candidate = (choice.flops, peak, rounds, choice, measured, predicted)
             if best is None or candidate[:2] < best[:2]:
