@@ -5,13 +5,16 @@ pass, so its memory is O(N) carries. The schedules here trade recomputation for 
 
 - ``"none"`` / ``"per_step"``: `lax.scan`, with the body checkpointed under ``policy``.
 - `Nested`: ``levels`` nested scans; each level's block body is checkpointed, so the
-  backward pass keeps about ``sum(lengths)`` carries (``~ levels * N**(1/levels)``) and
-  recomputes each step about ``levels - 1`` extra times. Any ``N`` works: the steps that do
-  not fill a whole block run as one shorter remainder block.
+  backward pass keeps about ``sum(lengths)`` carries (``~ levels * N**(1/levels)``) and runs
+  each step ``levels + 1`` times per gradient (with the default per-step policy). Any ``N``
+  works: the steps that do not fill a whole block run as one shorter remainder block (an
+  exact factorisation of ``N`` is preferred when one is nearly as good; see
+  `nested_lengths`).
 - `Binomial`: Griewank's offline binomial checkpointing (Revolve, see `_revolve.py`). The
   forward pass is a plain scan that keeps the carries the schedule stores in its first sweep;
   the backward pass runs the rest of the schedule (computed in Python at trace time, encoded
-  as an int32 table) in one `lax.fori_loop` with a fixed buffer of ``snapshots`` carries.
+  as an int32 table) in one `lax.fori_loop` with a fixed buffer of ``snapshots + 1`` carries
+  (the snapshots and the last step's input).
   Compiled memory is O(snapshots * carry) and the program does not grow with ``N``; the body
   runs ``revolve_cost(N, snapshots) + N + 1`` times per gradient (the fewest for that many
   stored carries).
@@ -91,6 +94,10 @@ def scan(
 
     Returns:
       ``(carry, ys)`` as `jax.lax.scan` returns them.
+
+    `Binomial` defines the gradient with `jax.custom_vjp`: it supports reverse mode
+    (`jax.grad`, `jax.vjp`) under `jax.jit` and `jax.vmap`, but not forward mode
+    (`jax.jvp`) nor a second reverse pass through its backward pass.
 
     Raises:
       ValueError: for an unknown schedule or policy, ``xs``/``length`` that disagree, or
@@ -321,12 +328,13 @@ def _binomial_scan(f, init, xs, n: int, reverse: bool, snapshots: int, policy: A
     init = jax.tree_util.tree_map(jnp.asarray, init)
     carry_shape, _ = jax.eval_shape(f, init, x0)
     if jax.tree_util.tree_structure(carry_shape) != jax.tree_util.tree_structure(init) or any(
-        a.shape != b.shape
+        a.shape != b.shape or (a.dtype != b.dtype and not jax.typeof(b).weak_type)
         for a, b in zip(
             jax.tree_util.tree_leaves(carry_shape), jax.tree_util.tree_leaves(init), strict=True
         )
     ):
         raise TypeError(_CARRY_MISMATCH.format(out=carry_shape, inp=init))
+    # Weakly typed initial carries (Python scalars) take the body's dtype, as in `lax.scan`.
     init = jax.tree_util.tree_map(lambda a, s: a.astype(s.dtype), init, carry_shape)
     converted, consts = jax.closure_convert(f, init, x0)
     c_tree = jax.tree_util.tree_structure(init)
