@@ -133,7 +133,6 @@ def run(args: argparse.Namespace) -> int:
             budget_label="half the baseline's peak",
             extra=planned,
             highlight=report.cheapest(0.5),
-            extra=planned,
         )
     except OSError as err:
         raise CliError(f"cannot write into {args.out}: {err}", EXIT_USAGE) from err
