@@ -290,7 +290,7 @@ class _Prepared:
 
 def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedules: bool):
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
-    _check_args(args, argnums)
+    _check_args(args, argnums, 0)
     clock = time.perf_counter()
     infos = planned_scans(fn, *args)
     if not infos:
