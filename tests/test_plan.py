@@ -224,3 +224,18 @@ def test_model_is_deterministic(stack):
     assert needed and all(v.saveable or v.primitive == "carry" for v in needed)
     budget = sum(n.bytes * n.multiplicity for n in nodes) / 3
     assert solve(nodes, budget) == solve(nodes, budget)
+
+
+def test_falls_back_to_a_measured_calibration_point(stack, monkeypatch):
+    """If the solver finds nothing, a calibration point measured to fit is the plan."""
+    from remat import _plan
+
+    loss, args = stack
+    prep = _plan._prepare(loss, args, 0, True)
+    _, (_, peak_none) = prep.calibration
+    monkeypatch.setattr(_plan, "solve", lambda *a, **k: None)
+    p = _plan._plan_prepared(prep, peak_none + 1)
+    assert p.scans[0].names == () and p.measured_peak_bytes == peak_none
+    assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
+    with pytest.raises(remat.InfeasibleBudget):
+        _plan._plan_prepared(prep, peak_none - 1)

@@ -319,6 +319,7 @@ class _Prepared:
     weight: float  # calibrated fraction of the transient memory that is live
     stored: float  # calibrated factor on stored bytes
     smallest: int  # the smaller calibration peak
+    calibration: tuple[tuple[Any, int], ...]  # (Choice, measured peak) of the two points
     fingerprint: str
     model_seconds: float
 
@@ -373,6 +374,7 @@ def _prepare(
         weight=float(weight),
         stored=float(stored),
         smallest=min(peak_all, peak_none),
+        calibration=((everything, peak_all), (nothing, peak_none)),
         fingerprint=print_,
         model_seconds=model_seconds,
     )
@@ -405,6 +407,8 @@ def _plan_prepared(
                 break
             solution = solve(prep.nodes, budget_bytes, options=prep.options,
                              minimize="memory", **weights)  # fmt: skip
+            if solution is None:  # the solver gave up (time limit)
+                break
         choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored)
         solve_seconds += time.perf_counter() - clock
         key = tuple(
@@ -436,7 +440,17 @@ def _plan_prepared(
         # optimistic (at least 1% of the budget), loosen when it was pessimistic.
         margin += max(error, 0.01 * budget_bytes) if peak > budget_bytes else error
     if best is None:
-        raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+        # The model found nothing, but a calibration point (every needed value saved, or
+        # nothing saved) was measured to fit: fall back to the cheaper of those.
+        fits = [(c, p) for c, p in prep.calibration if p <= budget_bytes]
+        if not fits:
+            raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+        choice, peak = min(fits, key=lambda cp: (cp[0].flops, cp[1]))
+        planned = rewrite(fn, choice.choices)
+        measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
+        stored = stored_bytes(choice)
+        model = prep.stored * stored + prep.weight * (choice.model_bytes - stored)
+        best = (choice.flops, peak, rounds, choice, measured, int(prep.base + model))
     _, _, _, choice, measured, predicted = best
     return Plan(
         fn=rewrite(fn, choice.choices),
