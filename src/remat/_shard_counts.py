@@ -291,6 +291,7 @@ def shard_counts(
     # No value is split into more pieces than there are devices (a merge of splits along
     # different dimensions can overshoot when two of them come from the same mesh axis).
     cap = num_devices or max(
+        1,
         env.devices,  # meshes named by jit shardings and sharding constraints inside
         *(_num_devices(s) for s in in_shardings if isinstance(s, jax.sharding.Sharding)),
         *(math.prod(s) for s in in_shardings if isinstance(s, tuple)),
