@@ -30,5 +30,7 @@ from ._measurement import Timing as Timing
 # --- plan (issue 5) ---
 
 # --- lint (issue 7) ---
+from ._findings import Finding as Finding
+from ._lint import lint as lint
 
 # --- sharding, offload (issue 6) ---
