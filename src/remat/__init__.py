@@ -22,6 +22,10 @@ from ._measurement import Residual as Residual
 from ._measurement import Timing as Timing
 
 # --- apply (issue 3) ---
+from ._rewrite import ScanInfo as ScanInfo
+from ._rewrite import apply as apply
+from ._rewrite import list_scans as list_scans
+from ._rewrite import rewrite_scans as rewrite_scans
 
 # --- measure, compare, report (issue 3) ---
 

@@ -1,0 +1,542 @@
+"""Rewriting the scans of a traced program: `remat.apply`, `remat.list_scans`, `rewrite_scans`.
+
+A function is traced to a jaxpr (once per input structure, shapes and dtypes), and the jaxpr is
+evaluated again by a small interpreter that binds every equation as it was, except ``scan``
+equations, which it hands to a *transform* and re-runs with `jax.lax.scan`. Layers written with
+`lax.scan`, `flax.linen.scan`, `nnx.scan` or an equinox-style scan over stacked layers all
+reach the jaxpr as ``scan`` equations, so one rewrite covers them all, without touching model
+code.
+
+The reusable core, for `apply` and for the planner:
+
+- `list_scans(fn, *args, **kwargs) -> list[ScanInfo]`: the scans of ``fn`` at these inputs.
+- `rewrite_scans(fn, transform, loop=None) -> fn2`: ``transform(info, body)`` is called for
+  every scan, where ``body(consts, carry, xs) -> (new_carry, ys)`` (flat lists of arrays)
+  evaluates the scan's body jaxpr, with its own scans already rewritten. The transform
+  returns a new body with the same signature (e.g. ``jax.checkpoint(body, policy=...)``),
+  or None to leave the scan as it was. A planner that wants to tag values can ignore
+  ``body`` and evaluate ``info.jaxpr`` (whose inputs are ``consts + carry + xs``) itself,
+  wrapping values with `jax.ad_checkpoint.checkpoint_name`. ``loop(info, body, consts,
+  init, xs) -> (carry, ys)`` replaces `lax.scan` for running a rewritten scan.
+- `apply(fn, strategy)` is `rewrite_scans` with a transform that checkpoints the body.
+
+Positions and names. Scans are numbered 0, 1, ... in depth-first order of appearance: a
+scan comes before the scans in its body, which come before the next scan after it. A scan's
+*name* is the innermost `jax.named_scope` / `jax.named_call` (or `jax.jit`-ed function's
+name) opened between the enclosing scan body (or the program itself) and the scan, or ``""``
+when there is none; ``info.path`` is the full chain of such names from the program's root.
+A string in `remat.Strategy.scans` selects the scans whose ``name`` or ``"/".join(path)``
+equals it. `flax.linen.scan` scans are named after the module that calls them.
+
+The interpreter looks into the sub-programs of ``jit``, ``closed_call``, ``checkpoint``
+(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again (``jit`` and
+``closed_call`` inline, ``checkpoint`` and ``cond`` with `jax.checkpoint` / `lax.switch`).
+Scans inside ``custom_jvp``/``custom_vjp`` functions, ``while_loop`` and ``shard_map`` are left
+alone and not listed: autodiff does not differentiate through them (custom rules, no reverse
+mode) or they are out of this module's scope.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import source_info_util
+from jax.extend import core as jcore
+
+from ._strategy import Strategy, as_strategy, resolve_policy
+from ._warnings import RematWarning
+
+_P = jcore.primitives
+Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
+
+### Scan discovery
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanInfo:
+    """One ``scan`` equation of a traced program.
+
+    Attributes:
+      position: index in depth-first order of appearance (0 is the first scan).
+      name: innermost named scope between the enclosing scan body (or the program) and
+        this scan, ``""`` if none.
+      path: all named scopes from the program's root to this scan, outermost first.
+      length: number of steps.
+      reverse: whether the scan runs from the last step to the first.
+      unroll: the scan's unroll factor.
+      num_consts: number of loop-invariant inputs (closed-over values such as weights).
+      num_carry: number of carried values.
+      source: ``"file:line"`` of the user code that made the scan, ``""`` if unknown.
+      jaxpr: the scan body as a `ClosedJaxpr`; inputs ``consts + carry + xs``, outputs
+        ``new_carry + ys``.
+    """
+
+    position: int
+    name: str
+    path: tuple[str, ...]
+    length: int
+    reverse: bool
+    unroll: int
+    num_consts: int
+    num_carry: int
+    source: str
+    jaxpr: jcore.ClosedJaxpr = dataclasses.field(repr=False, compare=False)
+
+
+def _scopes(eqn) -> tuple[str, ...]:
+    return tuple(
+        s.name for s in eqn.source_info.name_stack.stack if isinstance(s, source_info_util.Scope)
+    )
+
+
+_LIBRARY_DIRS = ("/flax/", "/equinox/", "/remat/")
+
+
+def _source(eqn) -> str:
+    frames = list(source_info_util.user_frames(eqn.source_info.traceback))
+    outside = [f for f in frames if not any(d in f.file_name for d in _LIBRARY_DIRS)]
+    frame = (outside or frames or [None])[0]
+    return "" if frame is None else f"{frame.file_name}:{frame.start_line}"
+
+
+def _scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
+    p = eqn.params
+    own = rel + _scopes(eqn)
+    return ScanInfo(
+        position=position,
+        name=own[-1] if own else "",
+        path=path + _scopes(eqn),
+        length=int(p["length"]),
+        reverse=bool(p["reverse"]),
+        unroll=int(p["unroll"]),
+        num_consts=int(p["num_consts"]),
+        num_carry=int(p["num_carry"]),
+        source=_source(eqn),
+        jaxpr=p["jaxpr"],
+    )
+
+
+def _sub_jaxprs(eqn) -> list[jcore.Jaxpr]:
+    """The sub-programs the interpreter looks into (see the module docstring)."""
+    prim, p = eqn.primitive, eqn.params
+    if prim is _P.scan_p or prim is _P.jit_p:
+        return [p["jaxpr"].jaxpr]
+    if prim is _P.closed_call_p:
+        return [p["call_jaxpr"].jaxpr]
+    if prim is _P.call_p:
+        return [p["call_jaxpr"]]
+    if prim is _P.remat_p:
+        return [p["jaxpr"]]
+    if prim is _P.cond_p:
+        return [b.jaxpr for b in p["branches"]]
+    return []
+
+
+def _count(jaxpr: jcore.Jaxpr, memo: dict[int, int]) -> int:
+    """Number of scans in ``jaxpr``, nested ones included."""
+    key = id(jaxpr)
+    if key not in memo:
+        memo[key] = sum(
+            (eqn.primitive is _P.scan_p) + sum(_count(j, memo) for j in _sub_jaxprs(eqn))
+            for eqn in jaxpr.eqns
+        )
+    return memo[key]
+
+
+def _walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is _P.scan_p:
+            info = _scan_info(eqn, base, path, rel)
+            out.append(info)
+            _walk(info.jaxpr.jaxpr, base + 1, info.path, (), out, memo)
+        else:
+            inner_path, inner_rel = _inner_scope(eqn, path, rel)
+            b = base
+            for sub in _sub_jaxprs(eqn):
+                _walk(sub, b, inner_path, inner_rel, out, memo)
+                b += _count(sub, memo)
+        base += _count_eqn(eqn, memo)
+
+
+def _count_eqn(eqn, memo) -> int:
+    return (eqn.primitive is _P.scan_p) + sum(_count(j, memo) for j in _sub_jaxprs(eqn))
+
+
+def _inner_scope(eqn, path, rel):
+    """The scope path inside a non-scan sub-program (a jit adds its function's name)."""
+    scopes = _scopes(eqn)
+    if eqn.primitive is _P.jit_p:
+        scopes = (*scopes, eqn.params["name"])
+    return path + scopes, rel + scopes
+
+
+### Tracing
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, jax.Array | np.ndarray | np.generic)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    jaxpr: jcore.ClosedJaxpr
+    out_tree: Any
+    scans: tuple[ScanInfo, ...]
+
+
+def _split_args(args, kwargs):
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    dynamic = [x for x in leaves if _is_array(x)]
+    avals = tuple(
+        (jax.typeof(x).shape, jax.typeof(x).dtype, jax.typeof(x).weak_type) for x in dynamic
+    )
+    static = tuple(None if _is_array(x) else x for x in leaves)
+    return leaves, treedef, dynamic, (treedef, static, avals)
+
+
+def _trace(fn, leaves, treedef) -> _Traced:
+    is_dyn = [_is_array(x) for x in leaves]
+
+    def flat(*dynamic):
+        it = iter(dynamic)
+        full = [next(it) if d else x for x, d in zip(leaves, is_dyn, strict=True)]
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+        return fn(*args, **kwargs)
+
+    specs = [
+        jax.ShapeDtypeStruct(
+            jax.typeof(x).shape, jax.typeof(x).dtype, weak_type=jax.typeof(x).weak_type
+        )
+        for x, d in zip(leaves, is_dyn, strict=True)
+        if d
+    ]
+    closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
+    scans: list[ScanInfo] = []
+    _walk(closed.jaxpr, 0, (), (), scans, {})
+    return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
+
+
+def _cached_trace(fn):
+    cache: dict[Any, _Traced] = {}
+
+    def get(args, kwargs):
+        leaves, treedef, dynamic, key = _split_args(args, kwargs)
+        try:
+            hash(key)
+        except TypeError:  # an unhashable static argument: trace every time
+            return _trace(fn, leaves, treedef), dynamic
+        if key not in cache:
+            cache[key] = _trace(fn, leaves, treedef)
+        return cache[key], dynamic
+
+    return get
+
+
+_NOT_CALLABLE = "`{where}` got fn={got!r}, which is not callable; pass the function to rewrite."
+
+
+def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanInfo]:
+    """Lists the scans of ``fn`` traced at ``args``/``kwargs``, in depth-first order.
+
+    Use it to find the positions and names to put in `remat.Strategy(scans=...)`.
+
+    Args:
+      fn: the function; it is traced, not run.
+      *args: positional arguments (arrays or `jax.ShapeDtypeStruct`-like arrays).
+      **kwargs: keyword arguments.
+
+    Returns:
+      One `ScanInfo` per scan (see the module docstring for names and positions).
+
+    Raises:
+      TypeError: if ``fn`` is not callable.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def f(x, ws):
+      ...     with jax.named_scope("layers"):
+      ...         return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)[0]
+      >>> [(s.position, s.name, s.length) for s in remat.list_scans(f, jnp.ones(2), jnp.ones((3, 2, 2)))]
+      [(0, 'layers', 3)]
+    """
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(where="remat.list_scans", got=fn))
+    leaves, treedef, _, _ = _split_args(args, kwargs)
+    return list(_trace(fn, leaves, treedef).scans)
+
+
+### Interpreter
+
+Transform = Callable[[ScanInfo, Body], Body | None]
+Loop = Callable[[ScanInfo, Body, list[Any], list[Any], list[Any]], tuple[list[Any], list[Any]]]
+
+
+def lax_loop(info: ScanInfo, body: Body, consts, init, xs):
+    """Runs ``body`` with `lax.scan` and the scan's own length, direction and unroll."""
+
+    def step(carry, x):
+        return body(consts, carry, x)
+
+    return lax.scan(
+        step, list(init), list(xs), length=info.length, reverse=info.reverse, unroll=info.unroll
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Interpreter:
+    transform: Transform
+    loop: Loop
+    memo: dict[int, int]
+
+    def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(v):
+            return v.val if isinstance(v, jcore.Literal) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args, strict=True):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+            with (
+                source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+                eqn.ctx.manager,
+            ):
+                outs = self.eval_eqn(eqn, invals, base, path, rel)
+            base += _count_eqn(eqn, self.memo)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            for v, x in zip(eqn.outvars, outs, strict=True):
+                if not isinstance(v, jcore.DropVar):
+                    env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    def eval_eqn(self, eqn, invals, base, path, rel):
+        prim, params = eqn.primitive, eqn.params
+        subs = _sub_jaxprs(eqn)
+        if prim is _P.scan_p:
+            return self.eval_scan(eqn, invals, base, path, rel)
+        if not subs or not any(_count(j, self.memo) for j in subs):
+            return prim.bind(*invals, **prim.get_bind_params(params))
+        inner_path, inner_rel = _inner_scope(eqn, path, rel)
+
+        def run(j, consts, b):
+            return lambda *a: self.eval(j, consts, a, b, inner_path, inner_rel)
+
+        if prim is _P.jit_p or prim is _P.closed_call_p:
+            closed = params.get("jaxpr", params.get("call_jaxpr"))
+            return run(closed.jaxpr, closed.consts, base)(*invals)
+        if prim is _P.call_p:
+            return run(params["call_jaxpr"], (), base)(*invals)
+        if prim is _P.remat_p:
+            f = run(params["jaxpr"], (), base)
+            return jax.checkpoint(f, prevent_cse=params["prevent_cse"], policy=params["policy"])(
+                *invals
+            )
+        # cond: index, *operands
+        fns, b = [], base
+        for branch in params["branches"]:
+            fns.append(run(branch.jaxpr, branch.consts, b))
+            b += _count(branch.jaxpr, self.memo)
+        return lax.switch(invals[0], fns, *invals[1:])
+
+    def eval_scan(self, eqn, invals, base, path, rel):
+        info = _scan_info(eqn, base, path, rel)
+        closed = info.jaxpr
+        n_inner = _count(closed.jaxpr, self.memo)
+
+        def body(consts, carry, xs):
+            outs = self.eval(
+                closed.jaxpr, closed.consts, [*consts, *carry, *xs], base + 1, info.path, ()
+            )
+            return list(outs[: info.num_carry]), list(outs[info.num_carry :])
+
+        new_body = self.transform(info, body)
+        if new_body is None and not n_inner:
+            return eqn.primitive.bind(*invals, **eqn.params)
+        nc, nk = info.num_consts, info.num_carry
+        consts, init, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
+        carry, ys = self.loop(info, body if new_body is None else new_body, consts, init, xs)
+        return [*carry, *ys]
+
+
+def rewrite_scans(
+    fn: Callable[..., Any], transform: Transform, loop: Loop | None = None
+) -> Callable[..., Any]:
+    """Returns ``fn`` with every scan's body replaced by ``transform(info, body)``.
+
+    Args:
+      fn: the function to rewrite; any pytree arguments and outputs.
+      transform: called once per scan (at each trace) with its `ScanInfo` and
+        ``body(consts, carry, xs) -> (new_carry, ys)``; returns a new body, or None to
+        keep the scan as it was.
+      loop: runs a rewritten scan: ``loop(info, body, consts, init, xs) -> (carry, ys)``;
+        default `lax_loop` (`lax.scan` with the scan's length, reverse and unroll).
+
+    Returns:
+      A function with ``fn``'s signature and output structure.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._rewrite import rewrite_scans
+      >>> f = lambda x: jax.lax.scan(lambda c, _: (c * 2, None), x, length=3)[0]
+      >>> seen = []
+      >>> g = rewrite_scans(f, lambda info, body: seen.append(info.length))
+      >>> float(g(1.0)), seen
+      (8.0, [3])
+    """
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(where="remat.rewrite_scans", got=fn))
+    get = _cached_trace(fn)
+    run = loop or lax_loop
+
+    @functools.wraps(fn)
+    def fn2(*args, **kwargs):
+        traced, dynamic = get(args, kwargs)
+        interp = _Interpreter(transform, run, {})
+        outs = interp.eval(traced.jaxpr.jaxpr, traced.jaxpr.consts, dynamic, 0, (), ())
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    return fn2
+
+
+### apply
+
+_NO_SCAN = (
+    "`remat.apply` found no `scan` in {name}, so strategy {strategy!r} is applied to the whole "
+    "function. This rarely saves memory: the backward pass needs the recomputed values all at "
+    "once, and on the CPU backend XLA removes a checkpoint outside a loop altogether. Put the "
+    "layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) to checkpoint per layer."
+)
+_NO_MATCH = (
+    "`remat.apply` got Strategy(scans={scans!r}), but {missing!r} matches no scan of {name}. "
+    "Its scans are: {listing}. Use `remat.list_scans(fn, *args)` to list them, and select by "
+    "position (int) or by name (str)."
+)
+
+
+def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
+    if strategy.scans is None:
+        return lambda info: True
+    for s in strategy.scans:
+        if isinstance(s, int):
+            ok = 0 <= s < len(scans)
+        else:
+            ok = any(s in (i.name, "/".join(i.path)) for i in scans)
+        if not ok:
+            listing = ", ".join(f"{i.position}: {i.name or '(no name)'}" for i in scans)
+            raise ValueError(
+                _NO_MATCH.format(
+                    scans=strategy.scans, missing=s, name=name, listing=listing or "none"
+                )
+            )
+    wanted = set(strategy.scans)
+    return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
+
+
+def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
+    """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
+
+    ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
+    ``scan`` in it (or those ``Strategy.scans`` selects, by position or name; see
+    `remat.list_scans`) runs its body under ``jax.checkpoint(body, policy=...,
+    prevent_cse=False)``: `lax.scan` already keeps XLA from merging the recomputation with
+    the forward pass, so the CSE barrier is not needed inside a scan (as `jax.checkpoint`'s
+    documentation recommends). A `Strategy` with a schedule other than ``"per_step"`` runs
+    the scan with `remat.scan` (``"none"``: a plain `lax.scan`). A program without any scan
+    gets the policy on the whole function (``prevent_cse=True``), with a `RematWarning`.
+
+    Args:
+      fn: the function; pytree arguments, keyword arguments and pytree outputs.
+      strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
+        ``"everything"``, ``"names:a,b"``, ``"offload:a,b"``), a policy callable, or a
+        `remat.Strategy`. ``"none"`` leaves the scans as they are.
+
+    Returns:
+      A function with ``fn``'s signature and output structure, whose values and gradients
+      equal ``fn``'s; it works under `jax.jit`, `jax.grad` and `jax.vmap`.
+
+    Raises:
+      TypeError: if ``fn`` is not callable.
+      ValueError: for an unknown strategy, or (when called) a ``Strategy.scans`` entry that
+        matches no scan.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def loss(ws, x):
+      ...     x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
+      ...     return x.sum()
+      >>> ws, x = jnp.ones((4, 3, 3)) * 0.1, jnp.ones(3)
+      >>> g = jax.grad(remat.apply(loss, "full"))(ws, x)
+      >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
+      True
+    """
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
+    strategy = as_strategy(strategy, "remat.apply")
+    policy = resolve_policy(strategy.policy, "remat.apply")
+    schedule = strategy.schedule
+    name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
+    if policy is None and schedule in ("none", "per_step"):
+        return fn
+    get = _cached_trace(fn)
+
+    def transform_for(select):
+        def transform(info: ScanInfo, body: Body) -> Body | None:
+            if not select(info) or schedule == "none":
+                return None
+            if schedule != "per_step":
+                return body  # the schedule's loop checkpoints it (see `loop`)
+            return jax.checkpoint(body, policy=policy, prevent_cse=False)
+
+        def loop(info, body, consts, init, xs):
+            if not select(info) or schedule in ("none", "per_step"):
+                return lax_loop(info, body, consts, init, xs)
+            from ._scan import scan  # the scan issue's module; imported when first needed
+
+            def step(carry, x):
+                return body(consts, carry, x)
+
+            return scan(
+                step,
+                list(init),
+                list(xs),
+                length=info.length,
+                reverse=info.reverse,
+                schedule=schedule,
+                policy=policy,
+            )
+
+        return transform, loop
+
+    @functools.wraps(fn)
+    def fn2(*args, **kwargs):
+        traced, dynamic = get(args, kwargs)
+        closed = traced.jaxpr
+        if not traced.scans:
+            warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=2)
+            interp = _Interpreter(lambda info, body: None, lax_loop, {})
+
+            def whole(*dyn):
+                return interp.eval(closed.jaxpr, closed.consts, dyn, 0, (), ())
+
+            outs = jax.checkpoint(
+                whole, policy=policy or jax.checkpoint_policies.nothing_saveable, prevent_cse=True
+            )(*dynamic)
+        else:
+            transform, loop = transform_for(_selector(strategy, traced.scans, name))
+            interp = _Interpreter(transform, loop, {})
+            outs = interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    return fn2
