@@ -30,6 +30,10 @@ from ._rewrite import rewrite_scans as rewrite_scans
 # --- measure, compare, report (issue 3) ---
 
 # --- scan, revolve (issue 4) ---
+from ._revolve import Action as Action
+from ._revolve import revolve_cost as revolve_cost
+from ._revolve import revolve_schedule as revolve_schedule
+from ._scan import scan as scan
 
 # --- plan (issue 5) ---
 
