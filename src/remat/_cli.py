@@ -15,6 +15,7 @@ import sys
 # command name -> module that registers it (imported lazily so `remat --help` is fast).
 COMMANDS = {
     "demo": "remat._cli_demo",
+    "lint": "remat._cli_lint",
 }
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
