@@ -17,7 +17,8 @@ TARGET = textwrap.dedent(
     from jax.ad_checkpoint import checkpoint_name
 
     def layer(x):
-        return jnp.sin(checkpoint_name(x * 2.0, "hidden"))
+        h = checkpoint_name(jnp.sin(x * 2.0), "hidden")
+        return jnp.sin(jnp.sin(h))
 
     def make(name):
         policy = jax.checkpoint_policies.save_only_these_names(name)
