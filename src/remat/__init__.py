@@ -28,6 +28,7 @@ from ._rewrite import list_scans as list_scans
 from ._rewrite import rewrite_scans as rewrite_scans
 
 # --- measure, compare, report (issue 3) ---
+from ._measure import measure as measure
 
 # --- scan, revolve (issue 4) ---
 from ._revolve import Action as Action

@@ -73,3 +73,6 @@ class Measurement:
     strategy: str = "none"
     backend: str = "cpu"
     num_devices: int = 1
+    # Compiled matmul FLOPs of the plain twin (the program without checkpoints), when
+    # `measure` compiled it to judge `recompute_eliminated`; None otherwise.
+    plain_flops: float | None = None
