@@ -247,6 +247,8 @@ def test_lint_accepts_shape_dtype_structs_and_pytrees():
     spec = jax.ShapeDtypeStruct((4, 4), jnp.float32)
     fn = checkpointed(cp.save_only_these_names("hiden"))
     assert codes(lambda p: fn(p["w"]), {"w": spec}) == ["RM001"]
+    # measure=True (the default) skips the compiled check for shapes without values.
+    assert [f.code for f in remat.lint(lambda p: fn(p["w"]), {"w": spec})] == ["RM001"]
 
 
 @pytest.mark.parametrize(
@@ -260,3 +262,33 @@ def test_lint_accepts_shape_dtype_structs_and_pytrees():
 def test_lint_rejects_bad_input(fn, args, match):
     with pytest.raises(TypeError, match=match):
         remat.lint(fn, *args)
+
+
+# --- RM005: recomputation the compiler removed (compiles; read via remat.measure) ---
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU backend's CSE behaviour")
+def test_rm005_checkpoint_outside_a_loop_is_undone_on_cpu():
+    fn = checkpointed(cp.nothing_saveable)
+    found = remat.lint(fn, X)
+    assert [f.code for f in found] == ["RM005"]
+    assert "CPU backend expands the optimization barriers" in found[0].message
+    # The mechanism, read from the compiled program by remat.measure.
+    with pytest.warns(remat.RematWarning):
+        assert remat.measure(fn, X, repeats=0).recompute_eliminated
+
+
+def test_rm005_not_reported_inside_a_scan():
+    ws = jnp.stack([X, X / 2, X / 3])
+
+    def loss(ws, x):
+        body = jax.checkpoint(lambda c, w: (layer(c @ w), None))
+        return jnp.sum(jax.lax.scan(body, x, ws)[0])
+
+    assert remat.lint(loss, ws, X) == []
+    assert remat.measure(loss, ws, X, repeats=0).recompute_eliminated is False
+
+
+def test_rm005_skipped_without_a_scalar_loss_or_with_measure_false():
+    assert remat.lint(lambda x: jax.checkpoint(layer)(x), X) == []
+    assert codes(checkpointed(cp.nothing_saveable), X) == []

@@ -138,8 +138,10 @@ def _strip_params(params: dict[str, Any]) -> dict[str, Any]:
     for key, value in params.items():
         if isinstance(value, jcore.ClosedJaxpr):
             value = _strip_closed(value)
-        elif isinstance(value, tuple) and value and all(
-            isinstance(v, jcore.ClosedJaxpr) for v in value
+        elif (
+            isinstance(value, tuple)
+            and value
+            and all(isinstance(v, jcore.ClosedJaxpr) for v in value)
         ):
             value = tuple(_strip_closed(v) for v in value)
         out[key] = value

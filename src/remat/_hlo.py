@@ -25,7 +25,9 @@ _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*\(.*\{\s*$")
 _SHAPE = re.compile(r"^[a-z]+[0-9]*\[(?P<dims>[^\]]*)\]")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
-_INIT = re.compile(r'"known_init_step"\s*:\s*\{\s*"init"\s*:\s*"(-?\d+)"\s*,\s*"step"\s*:\s*"(-?\d+)"')
+_INIT = re.compile(
+    r'"known_init_step"\s*:\s*\{\s*"init"\s*:\s*"(-?\d+)"\s*,\s*"step"\s*:\s*"(-?\d+)"'
+)
 _CONSTANT = re.compile(r"^s\d+\[\]|^u\d+\[\]")
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__onednn$matmul")
 _CONV_TARGETS = ("__cudnn$conv",)
@@ -80,7 +82,9 @@ def _parse_instr(line: str) -> _Instr | None:
     opcode = rest[:paren]
     close = _match_paren(rest, paren)
     args = rest[paren + 1 : close - 1]
-    return _Instr(name.lstrip("%"), shape, opcode, tuple(_OPERAND.findall(args)), args, rest[close:])
+    return _Instr(
+        name.lstrip("%"), shape, opcode, tuple(_OPERAND.findall(args)), args, rest[close:]
+    )
 
 
 def _parse_module(hlo_text: str) -> tuple[dict[str, list[_Instr]], str | None]:
@@ -161,9 +165,7 @@ def _gemm_flops(instr: _Instr, shapes: dict[str, str]) -> float:
 class _Counter:
     def __init__(self, hlo_text: str):
         self.comps, self.entry = _parse_module(hlo_text)
-        self.shapes = {
-            c: {i.name: i.shape for i in instrs} for c, instrs in self.comps.items()
-        }
+        self.shapes = {c: {i.name: i.shape for i in instrs} for c, instrs in self.comps.items()}
         self.unknown_loops: list[str] = []
         self.flops = cache(self._flops)
 
@@ -174,7 +176,9 @@ class _Counter:
             op = instr.opcode
             if op == "dot" and instr.operands:
                 lhs = shapes.get(instr.operands[0], "")
-                total += _dot_flops(instr.shape, lhs, _int_list(instr.attrs, "lhs_contracting_dims"))
+                total += _dot_flops(
+                    instr.shape, lhs, _int_list(instr.attrs, "lhs_contracting_dims")
+                )
             elif op == "convolution" and len(instr.operands) >= 2:
                 total += _conv_flops(instr.shape, shapes.get(instr.operands[1], ""), instr.attrs)
             elif op == "custom-call":

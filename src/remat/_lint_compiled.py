@@ -6,6 +6,7 @@ only the traced program.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 
 from . import _jaxpr_walk as walk
 from ._findings import Finding
+from ._warnings import RematWarning
 
 # Why the recomputation disappeared, per backend.
 _WHY = {
@@ -46,12 +48,25 @@ def _scalar_output(fn, args) -> bool:
 
 def check_eliminated(fn, args: tuple[Any, ...], checkpoints: list[walk.Site]) -> list[Finding]:
     """Measures ``fn``'s gradient and reports RM005 if the compiler removed recomputation."""
+    leaves = jax.tree_util.tree_leaves(args)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+        return []  # shapes only: nothing to compile and measure
     if not args or not _scalar_output(fn, args):
         return []  # measure differentiates a scalar loss; nothing to compile here
-    from ._measure import measure
+    argnums = tuple(i for i, a in enumerate(args) if _inexact(a))
+    if not argnums:
+        return []  # nothing to differentiate
+    from ._measure import measure  # compiles; only needed here
 
-    measurement = measure(fn, *args, repeats=1)
+    with warnings.catch_warnings():  # measure warns about what we report as RM005
+        warnings.simplefilter("ignore", RematWarning)
+        measurement = measure(fn, *args, argnums=argnums, repeats=0)
     return findings_from_measurement(measurement, checkpoints)
+
+
+def _inexact(tree) -> bool:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return bool(leaves) and all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
 
 
 def findings_from_measurement(measurement, checkpoints: list[walk.Site]) -> list[Finding]:

@@ -141,9 +141,7 @@ def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: in
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - start)
-    return Timing(
-        median=statistics.median(times), min=min(times), max=max(times), repeats=repeats
-    )
+    return Timing(median=statistics.median(times), min=min(times), max=max(times), repeats=repeats)
 
 
 ### Validation

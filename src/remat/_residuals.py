@@ -86,8 +86,9 @@ def _producers(jaxpr: Any) -> dict[Any, tuple[Any, int]]:
     return {v: (eqn, i) for eqn in jaxpr.eqns for i, v in enumerate(eqn.outvars)}
 
 
-def _find_origin(jaxpr: Any, var: Any, origin: _Origin, outer: Callable[[int], None] | None,
-                 seen: set[Any]) -> None:
+def _find_origin(
+    jaxpr: Any, var: Any, origin: _Origin, outer: Callable[[int], None] | None, seen: set[Any]
+) -> None:
     """Fills ``origin`` by following ``var`` back to the equation that produced it.
 
     ``outer(i)`` continues with the i-th input of the enclosing call when ``var`` is an
@@ -124,8 +125,14 @@ def _find_origin(jaxpr: Any, var: Any, origin: _Origin, outer: Callable[[int], N
             origin.source = _source(eqn)
 
 
-def _follow(jaxpr: Any, eqn: Any, index: int, origin: _Origin,
-            outer: Callable[[int], None] | None, seen: set[Any]) -> None:
+def _follow(
+    jaxpr: Any,
+    eqn: Any,
+    index: int,
+    origin: _Origin,
+    outer: Callable[[int], None] | None,
+    seen: set[Any],
+) -> None:
     prim = eqn.primitive.name
 
     def continue_outer(i: int, eqn=eqn) -> None:
@@ -143,8 +150,9 @@ def _follow(jaxpr: Any, eqn: Any, index: int, origin: _Origin,
         def from_body_input(i: int, eqn=eqn) -> None:
             if num_consts <= i < num_consts + num_carry:
                 # the carry at step t is what the body produced at step t - 1
-                _find_origin(body.jaxpr, body.jaxpr.outvars[i - num_consts], origin,
-                             from_body_input, seen)
+                _find_origin(
+                    body.jaxpr, body.jaxpr.outvars[i - num_consts], origin, from_body_input, seen
+                )
             else:
                 continue_outer(i)
 
@@ -219,8 +227,9 @@ def residuals_of_jaxpr(jaxpr: Any, residual_vars: Sequence[Any]) -> tuple[Residu
     return tuple(out)
 
 
-def saved_residuals(fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0
-                    ) -> tuple[Residual, ...]:
+def saved_residuals(
+    fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0
+) -> tuple[Residual, ...]:
     """What `jax.vjp` of ``fn`` with respect to ``args[argnums]`` keeps for the backward pass.
 
     Each residual is reported per copy: a value kept at every step of a ``lax.scan`` of
