@@ -19,6 +19,8 @@ import re
 import warnings
 from functools import cache
 
+import numpy as np
+
 from ._warnings import RematWarning
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*\(.*\{\s*$")
@@ -33,7 +35,7 @@ _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__onednn$matmul")
 _CONV_TARGETS = ("__cudnn$conv",)
 
 _UNKNOWN_TRIP = (
-    "`remat.hlo_flops` could not find the trip count of the while loop {name!r} (no "
+    "`remat.measure` (FLOP count) could not find the trip count of the while loop {name!r} (no "
     "`known_trip_count` and no `compare` against a constant in its condition); its body is "
     "counted once, so the FLOPs are a lower bound."
 )
@@ -71,10 +73,7 @@ def _parse_instr(line: str) -> _Instr | None:
     name, sep, rest = line.partition(" = ")
     if not sep:
         return None
-    if rest.startswith("("):
-        end = _match_paren(rest, 0)
-    else:
-        end = rest.find(" ")
+    end = _match_paren(rest, 0) if rest.startswith("(") else rest.find(" ")
     shape, rest = rest[:end], rest[end:].lstrip()
     paren = rest.find("(")
     if paren < 0:
@@ -137,17 +136,62 @@ def _dot_flops(result: str, lhs: str, contracting: tuple[int, ...]) -> float:
     return 2.0 * math.prod(_dims(result)) * k
 
 
-def _conv_flops(result: str, kernel: str, attrs: str) -> float:
-    # Each output element is a dot product over the kernel's spatial window and its input
-    # features (per group): 2 * prod(output) * prod(kernel spatial) * kernel_input_features.
-    # Window positions that fall into padding are counted too.
-    m = re.search(r"dim_labels=\w+_(\w+)->", attrs)
-    kdims = _dims(kernel)
-    if m is None or len(m[1]) != len(kdims):
+def _window(attrs: str) -> dict[str, list[tuple[int, ...]]]:
+    m = re.search(r"window=\{([^}]*)\}", attrs)
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for item in m[1].split() if m else []:
+        key, _, value = item.partition("=")
+        out[key] = [tuple(int(p) for p in part.split("_")) for part in value.split("x")]
+    return out
+
+
+def _valid_pairs(
+    size: int, out: int, k: int, pad_lo: int, stride: int, lhs_dil: int, rhs_dil: int
+) -> int:
+    """(output position, kernel tap) pairs of one spatial dim that read a real input element."""
+    o = np.arange(out)[:, None]
+    t = np.arange(k)[None, :]
+    p = o * stride + t * rhs_dil - pad_lo
+    valid = (p >= 0) & (p <= (size - 1) * lhs_dil) & (p % lhs_dil == 0)
+    return int(valid.sum())
+
+
+def _conv_flops(result: str, lhs: str, kernel: str, attrs: str) -> float:
+    # Each output element is a dot product over its kernel window and the kernel's input
+    # features (per group). Window taps that fall into padding or between dilated input
+    # elements do no work and are not counted, as in XLA's own cost analysis.
+    m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", attrs)
+    out_dims, lhs_dims, k_dims = _dims(result), _dims(lhs), _dims(kernel)
+    if m is None or len(m[2]) != len(k_dims) or len(m[3]) != len(out_dims):
         return 0.0
-    labels = m[1]
-    per_output = math.prod(kdims[i] for i, c in enumerate(labels) if c.isdigit() or c == "i")
-    return 2.0 * math.prod(_dims(result)) * per_output
+    in_labels, k_labels, out_labels = m[1], m[2], m[3]
+    window = _window(attrs)
+    spatial = sorted(c for c in k_labels if c.isdigit())
+    pairs = 1
+    for n, c in enumerate(spatial):
+        k = k_dims[k_labels.index(c)]
+        out = out_dims[out_labels.index(c)]
+
+        def get(key: str, default: tuple[int, ...], n: int = n) -> tuple[int, ...]:
+            values = window.get(key)
+            return values[n] if values and n < len(values) else default
+
+        if len(lhs_dims) == len(in_labels) and c in in_labels:
+            size = lhs_dims[in_labels.index(c)]
+            pairs *= _valid_pairs(
+                size,
+                out,
+                k,
+                get("pad", (0, 0))[0],
+                get("stride", (1,))[0],
+                get("lhs_dilate", (1,))[0],
+                get("rhs_dilate", (1,))[0],
+            )
+        else:
+            pairs *= out * k
+    per_output = k_dims[k_labels.index("i")] if "i" in k_labels else 1
+    other = math.prod(d for d, c in zip(out_dims, out_labels, strict=True) if not c.isdigit())
+    return 2.0 * other * pairs * per_output
 
 
 def _gemm_flops(instr: _Instr, shapes: dict[str, str]) -> float:
@@ -180,7 +224,8 @@ class _Counter:
                     instr.shape, lhs, _int_list(instr.attrs, "lhs_contracting_dims")
                 )
             elif op == "convolution" and len(instr.operands) >= 2:
-                total += _conv_flops(instr.shape, shapes.get(instr.operands[1], ""), instr.attrs)
+                lhs, kernel = (shapes.get(o, "") for o in instr.operands[:2])
+                total += _conv_flops(instr.shape, lhs, kernel, instr.attrs)
             elif op == "custom-call":
                 target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
                 target = target[1] if target else ""
@@ -190,8 +235,8 @@ class _Counter:
                     result = instr.shape
                     if result.startswith("("):
                         result = result[1:].split(" ")[0].rstrip(",")
-                    kernel = shapes.get(instr.operands[1], "")
-                    total += _conv_flops(result, kernel, instr.attrs)
+                    lhs, kernel = (shapes.get(o, "") for o in instr.operands[:2])
+                    total += _conv_flops(result, lhs, kernel, instr.attrs)
                 total += sum(self.flops(c) for c in _called(instr.attrs, "called_computations"))
             elif op == "while":
                 trips = self._trip_count(instr)
@@ -250,8 +295,8 @@ def hlo_flops(hlo_text: str) -> float:
     """FLOPs of the matmuls and convolutions in an optimised HLO module, with loop trip counts.
 
     Every ``dot`` counts ``2 * prod(result dims) * prod(contracting dims)``; every
-    ``convolution`` counts ``2 * prod(result dims) * prod(kernel window) * kernel input
-    features`` (window positions in the padding included). The cuBLAS/cuDNN custom calls
+    ``convolution`` counts 2 FLOPs per multiply-add: for every output element, one per kernel
+    tap that reads a real input element (not padding) and kernel input feature. The cuBLAS/cuDNN custom calls
     that dots and convolutions become on GPU are counted the same way. Each count is
     multiplied by the trip counts of all enclosing ``while`` loops (``known_trip_count`` from
     the loop's backend config, else the loop condition's comparison against a constant);
@@ -278,7 +323,7 @@ def hlo_flops(hlo_text: str) -> float:
     counter = _Counter(hlo_text)
     if counter.entry is None:
         raise ValueError(
-            "`remat.hlo_flops` got text with no ENTRY computation; pass the optimised HLO "
+            "`remat._hlo.hlo_flops` got text with no ENTRY computation; pass the optimised HLO "
             "module text, e.g. `jax.jit(f).lower(*args).compile().as_text()`."
         )
     total = counter.flops(counter.entry)

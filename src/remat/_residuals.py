@@ -116,7 +116,6 @@ def _find_origin(
         origin.primitive = "unknown"
         return
     eqn, index = producer
-    prim = eqn.primitive.name
     try:
         _follow(jaxpr, eqn, index, origin, outer, seen)
     finally:
