@@ -109,11 +109,9 @@ def scan(
     """
     schedule = check_schedule(schedule, "remat.scan")
     n = _scan_length(xs, length)
-    if schedule == "none":
+    if schedule == "none" or n == 0:
         return lax.scan(f, init, xs, length=n, reverse=reverse)
     if isinstance(schedule, Binomial):
-        if n == 0:
-            return lax.scan(f, init, xs, length=n, reverse=reverse)
         return _binomial_scan(f, init, xs, n, reverse, schedule.snapshots, policy)
     resolved = resolve_policy(policy, "remat.scan")
     step = f if resolved is None else jax.checkpoint(f, policy=resolved, prevent_cse=False)
@@ -326,7 +324,8 @@ def _binomial_scan(f, init, xs, n: int, reverse: bool, snapshots: int, policy: A
 
     def primal(c0, x_leaves, k_leaves):
         def body(c, x):
-            return tuple(step(list(c), x, k_leaves))
+            c, y = step(list(c), x, k_leaves)
+            return tuple(c), y
 
         c, ys = lax.scan(body, tuple(c0), x_leaves, length=n, reverse=reverse)
         return list(c), ys
