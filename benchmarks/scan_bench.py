@@ -1,0 +1,267 @@
+"""Scan schedules side by side: compiled temp memory, body evaluations and time per gradient.
+
+For a carry-only recurrence ``c <- tanh(c @ W + b)`` (``W`` closed over, gradients to ``W``
+and the initial carry) of ``N`` steps, compares
+
+- `jax.lax.scan` with a `jax.checkpoint`-ed body (what most code does),
+- Flax linen `nn.remat_scan` with lengths ``(sqrt N, sqrt N)``,
+- Equinox's online binomial loop, ``equinox.internal.scan(kind="checkpointed", checkpoints=s)``,
+- `remat.scan` with ``Nested(2)`` and ``Binomial(s)``, ``s`` the same as Equinox's.
+
+Temp bytes are XLA's `memory_analysis().temp_size_in_bytes` of the compiled gradient; body
+evaluations are counted by a `jax.pure_callback` in the body (in a separately compiled
+copy, so the timed program has no callback); time is the median of ``--repeats`` gradients
+after a warm-up. Writes a table between ``<!-- scan:start -->`` and ``<!-- scan:end -->`` in
+BENCHMARKS.md.
+
+Run: ``PYTHONPATH=src python benchmarks/scan_bench.py`` (about 3-4 minutes on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+import equinox.internal as eqxi
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+import remat
+from remat._io import atomic_write_text
+
+CARRIES = {"small": (1, 64), "large": (32, 64)}  # carry shape (rows, width)
+STEPS = (64, 256, 1024, 4096)
+SNAPSHOTS = (4, 8, 16)
+BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+
+_SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
+
+
+def _tick(counter: list):
+    def tick(_):
+        counter.append(1)
+        return np.zeros((), np.float32)
+
+    return tick
+
+
+def make_loss(method: str, n: int, width: int, counter: list | None):
+    """The loss ``(W, c0) -> scalar`` for one method; ``counter`` counts body evaluations."""
+
+    def body(w, c):
+        if counter is not None:
+            # A pure callback (not `jax.debug.callback`, which `jax.checkpoint` does not
+            # re-run when it recomputes) that returns 0.0 and is part of the result, so every
+            # evaluation of the body, recomputations included, runs it once.
+            c = c + jax.pure_callback(_tick(counter), _SCALAR, jax.lax.stop_gradient(c[0, 0]))
+        return jnp.tanh(c @ w + 0.1)
+
+    kind, _, arg = method.partition(":")
+    if kind == "lax":
+
+        def loss(w, c0):
+            step = jax.checkpoint(lambda c, _: (body(w, c), None), prevent_cse=False)
+            return jnp.sum(jax.lax.scan(step, c0, length=n)[0] ** 2)
+
+    elif kind == "linen":
+        side = round(n**0.5)
+
+        class Stack(nn.Module):
+            @nn.compact
+            def __call__(self, c):
+                w = self.param("w", nn.initializers.zeros, (width, width))
+                return body(w, c)
+
+        stack = nn.remat_scan(
+            Stack, lengths=(side, n // side), variable_broadcast="params",
+            split_rngs={"params": False},
+        )()  # fmt: skip
+
+        def loss(w, c0):
+            return jnp.sum(stack.apply({"params": {"w": w}}, c0) ** 2)
+
+    elif kind == "equinox":
+
+        def loss(w, c0):
+            out = eqxi.scan(
+                lambda c, _: (body(w, c), None),
+                c0,
+                None,
+                length=n,
+                kind="checkpointed",
+                checkpoints=int(arg),
+            )
+            return jnp.sum(out[0] ** 2)
+
+    else:
+        schedule = remat.Nested(2) if kind == "nested" else remat.Binomial(int(arg))
+
+        def loss(w, c0):
+            out = remat.scan(lambda c, _: (body(w, c), None), c0, length=n, schedule=schedule)
+            return jnp.sum(out[0] ** 2)
+
+    return loss
+
+
+def measure(method: str, n: int, shape: tuple[int, int], repeats: int, count: bool):
+    rows, width = shape
+    w = jnp.eye(width) * 0.9 + 0.01
+    c0 = jnp.linspace(-1.0, 1.0, rows * width).reshape(rows, width)
+    grad = jax.jit(jax.grad(make_loss(method, n, width, None), argnums=(0, 1)))
+    compiled = grad.lower(w, c0).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    jax.block_until_ready(compiled(w, c0))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(w, c0))
+        times.append(time.perf_counter() - start)
+    evals = None
+    if count:
+        counter: list = []
+        counting = jax.jit(jax.grad(make_loss(method, n, width, counter), argnums=(0, 1)))
+        jax.block_until_ready(counting(w, c0))
+        jax.effects_barrier()
+        evals = len(counter)
+    return temp, evals, statistics.median(times)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs visible, {jax.devices()[0].platform} backend; "
+        f"jax {jax.__version__}, Python {platform.python_version()}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, nargs="*", default=list(STEPS))
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+
+    methods = ["lax", "linen", "nested"]
+    for s in SNAPSHOTS:
+        methods += [f"equinox:{s}", f"binomial:{s}"]
+    labels = {
+        "lax": "lax.scan + checkpoint",
+        "linen": "linen remat_scan (√N, √N)",
+        "nested": "remat Nested(2)",
+    }
+    for s in SNAPSHOTS:
+        labels[f"equinox:{s}"] = f"equinox checkpointed, {s}"
+        labels[f"binomial:{s}"] = f"remat Binomial({s})"
+
+    console = Console()
+    results = {}
+    evals_cache = {}
+    for size, shape in CARRIES.items():
+        for n in args.steps:
+            for method in methods:
+                count = (method, n) not in evals_cache
+                temp, evals, seconds = measure(method, n, shape, args.repeats, count)
+                if count:
+                    evals_cache[method, n] = evals
+                results[size, n, method] = (temp, evals_cache[method, n], seconds)
+                console.log(
+                    f"{size} N={n} {method}: {temp} B, {evals_cache[method, n]} evals, {seconds * 1e3:.1f} ms"
+                )
+
+    lines = []
+    for size, shape in CARRIES.items():
+        carry_bytes = shape[0] * shape[1] * 4
+        table = Table(title=f"carry {shape[0]}x{shape[1]} f32 ({carry_bytes} B)")
+        for col in ("N", "method", "temp KiB", "temp / carry", "body evals", "ms / grad"):
+            table.add_column(col, justify="right" if col != "method" else "left")
+        lines += [
+            f"\n**Carry {shape[0]}×{shape[1]} float32 ({carry_bytes} bytes)**\n",
+            "| N | method | temp KiB | temp / carry | body evals / grad | ms / grad |",
+            "|---:|:---|---:|---:|---:|---:|",
+        ]
+        for n in args.steps:
+            for method in methods:
+                temp, evals, seconds = results[size, n, method]
+                row = (
+                    str(n), labels[method], f"{temp / 1024:.1f}", f"{temp / carry_bytes:.1f}",
+                    str(evals), f"{seconds * 1e3:.2f}",
+                )  # fmt: skip
+                table.add_row(*row)
+                lines.append("| " + " | ".join(row) + " |")
+        console.print(table)
+
+    verdict = []
+    for size in CARRIES:
+        for n in args.steps:
+            for s in SNAPSHOTS:
+                eq, bi = results[size, n, f"equinox:{s}"], results[size, n, f"binomial:{s}"]
+                verdict.append((size, n, s, bi[0] <= eq[0], bi[1] < eq[1], bi[2] < eq[2]))
+    met = {k: sum(v[k] for v in verdict) for k in (3, 4, 5)}
+    summary = (
+        f"Binomial(s) against Equinox with the same s, over {len(verdict)} (carry, N, s) cases: "
+        f"no more memory in {met[3]}, fewer body evaluations in {met[4]}, less time in "
+        f"{met[5]}."
+    )
+    misses = [v for v in verdict if not all(v[3:])]
+    if misses:
+        summary += " Not met: " + "; ".join(
+            f"{size} carry N={n} s={s} ("
+            + ", ".join(
+                k for k, ok in zip(("memory", "evaluations", "time"), v[3:], strict=True) if not ok
+            )
+            + ")"
+            for v in misses
+            for size, n, s in [v[:3]]
+        )
+        summary += "."
+    console.print(summary)
+
+    section = "\n".join(
+        [
+            "<!-- scan:start -->",
+            "## Scan schedules (`benchmarks/scan_bench.py`)",
+            "",
+            f"Machine: {machine()}. Run {datetime.date.today().isoformat()} with "
+            "`PYTHONPATH=src python benchmarks/scan_bench.py`.",
+            "",
+            "Gradient of `sum(scan(c -> tanh(c @ W + 0.1))(c0)**2)` with respect to `W` and "
+            "`c0`. *temp* is XLA's compiled temp memory; *body evals* are counted with a "
+            "`jax.pure_callback` in the body (recomputations included); time is the median of "
+            f"{args.repeats} gradients after a warm-up. Equinox's `checkpoints=s` and "
+            "`Binomial(s)` are given the same `s`.",
+            *lines,
+            "",
+            summary,
+            "<!-- scan:end -->",
+        ]
+    )
+    if not args.no_write:
+        text = BENCH_MD.read_text() if BENCH_MD.exists() else "# Benchmarks\n"
+        pattern = re.compile(r"<!-- scan:start -->.*?<!-- scan:end -->", re.S)
+        text = pattern.sub(lambda _: section, text) if pattern.search(text) else (
+            text.rstrip() + "\n\n" + section + "\n"
+        )  # fmt: skip
+        atomic_write_text(BENCH_MD, text)
+        console.print(f"wrote {BENCH_MD}")
+
+
+if __name__ == "__main__":
+    main()
