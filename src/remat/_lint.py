@@ -78,6 +78,7 @@ def lint(
 
     Raises:
       TypeError: if ``fn`` is not callable or an argument leaf is not an array.
+      ValueError: for an unknown ``strategy``.
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -92,8 +93,9 @@ def lint(
     _check_args(fn, args)
     if strategy is not None:
         from ._rewrite import apply
+        from ._strategy import as_strategy
 
-        fn = apply(fn, strategy)
+        fn = apply(fn, as_strategy(strategy, "remat.lint"))
     closed = jax.make_jaxpr(fn)(*args)
     flat_args = jax.tree_util.tree_leaves(args)
     all_sites = walk.sites(closed.jaxpr)
