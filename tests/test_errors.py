@@ -157,3 +157,32 @@ def test_bad_input_names_function_input_and_fix(case):
     assert re.search(re.escape(fix), message, re.IGNORECASE)
     # Raised by remat itself: the innermost frame is not JAX's.
     assert not str(info.traceback[-1].path).startswith(_JAX_DIR)
+
+
+# --- output files are written atomically ---
+
+
+def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from remat._io import atomic_write_text
+
+    target = tmp_path / "out" / "report.json"
+    real_write = Path.write_text
+
+    def half_then_fail(self, text, *args, **kwargs):
+        real_write(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt  # e.g. Ctrl-C in the middle of writing
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, '{"a": 1, "b": 2}')
+    assert list(target.parent.iterdir()) == []  # neither the file nor a temporary one
+
+    monkeypatch.setattr(Path, "write_text", real_write)
+    atomic_write_text(target, "old")
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, "new contents")
+    assert target.read_text() == "old"  # the previous complete file survives
+    assert [p.name for p in target.parent.iterdir()] == ["report.json"]
