@@ -87,6 +87,20 @@ def test_rm001_reads_exclusion_lists_and_user_policies():
     assert codes(checkpointed(cp.save_any_names_but_these("out")), X) == []
 
 
+def _explode(*args):
+    raise RuntimeError("lint must not call helpers that a policy merely refers to")
+
+
+def _careful_policy(prim, *args, **params):
+    if prim is None:
+        _explode(prim)
+    return prim.name == "name" and params["name"] == "hiden"
+
+
+def test_rm001_user_policy_helpers_are_never_called():
+    assert codes(checkpointed(_careful_policy), X) == ["RM001"]
+
+
 # --- RM002: a name both saved and offloaded ---
 
 _offload_a = cp.save_and_offload_only_these_names(

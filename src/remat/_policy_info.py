@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -148,12 +149,27 @@ def components(policy: object) -> list[Callable[..., Any]]:
     return [
         p
         for p in _walk(policy)
-        if callable(p) and not isinstance(p, type) and p is not NAME_P and _looks_like_policy(p)
+        if p is policy or (_policy_shaped(p) and probe(p, _UNKNOWN_NAME) is not None)
     ]
 
 
-def _looks_like_policy(obj: object) -> bool:
-    return probe(obj, _UNKNOWN_NAME) is not None  # type: ignore[arg-type]
+def _policy_shaped(obj: object) -> bool:
+    """Whether ``obj`` can be a policy: one of JAX's, or a callable taking ``**params``.
+
+    Only such callables are ever called (probed), so a helper that a user policy happens to
+    call (a logger, say) is never run with made-up arguments.
+    """
+    if not callable(obj) or isinstance(obj, type) or obj is NAME_P:
+        return False
+    if (getattr(type(obj), "__module__", "") or "").startswith("jax._src.ad_checkpoint"):
+        return True  # the dataclass policies
+    if isinstance(obj, functools.partial):
+        return _policy_shaped(obj.func)
+    func = getattr(obj, "__func__", obj)
+    code = getattr(func, "__code__", None)
+    if code is None:
+        code = getattr(getattr(type(obj), "__call__", None), "__code__", None)
+    return code is not None and bool(code.co_flags & inspect.CO_VARKEYWORDS)
 
 
 def candidate_names(policy: object) -> set[str]:
