@@ -168,7 +168,8 @@ def _policy_shaped(obj: object) -> bool:
     func = getattr(obj, "__func__", obj)
     code = getattr(func, "__code__", None)
     if code is None:
-        code = getattr(getattr(type(obj), "__call__", None), "__code__", None)
+        call = inspect.getattr_static(type(obj), "__call__", None)
+        code = getattr(call, "__code__", None)
     return code is not None and bool(code.co_flags & inspect.CO_VARKEYWORDS)
 
 
