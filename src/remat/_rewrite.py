@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,12 +98,20 @@ def _scopes(eqn) -> tuple[str, ...]:
     )
 
 
-_LIBRARY_DIRS = ("/flax/", "/equinox/", "/remat/")
+def _library_dirs() -> tuple[str, ...]:
+    """Package directories whose frames are not the user's: remat's own, flax's, equinox's."""
+    dirs = [os.path.dirname(__file__)]
+    for name in ("flax", "equinox"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(module.__file__))
+    return tuple(d + os.sep for d in dirs)
 
 
 def _source(eqn) -> str:
     frames = list(source_info_util.user_frames(eqn.source_info.traceback))
-    outside = [f for f in frames if not any(d in f.file_name for d in _LIBRARY_DIRS)]
+    library = _library_dirs()
+    outside = [f for f in frames if not f.file_name.startswith(library)]
     frame = (outside or frames or [None])[0]
     return "" if frame is None else f"{frame.file_name}:{frame.start_line}"
 
@@ -223,20 +233,38 @@ def _trace(fn, leaves, treedef) -> _Traced:
     return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
 
 
-def _cached_trace(fn):
-    cache: dict[Any, _Traced] = {}
+def _rewritten(fn, evaluator):
+    """``fn2(*args, **kwargs)``: traces ``fn`` (cached per input structure, shapes and dtypes),
+    then runs ``evaluator(traced)(*arrays)``, the rewritten program on the array leaves.
 
-    def get(args, kwargs):
+    Called on concrete arrays, the evaluation is compiled with `jax.jit` (once per cache
+    entry), so that eager calls do not re-trace every rewritten scan op by op; under an
+    outer transformation (`jit`, `grad`, `vmap`) it is traced inline.
+    """
+    cache: dict[Any, tuple[_Traced, Callable[..., Any], Callable[..., Any]]] = {}
+
+    def entry(leaves, treedef):
+        traced = _trace(fn, leaves, treedef)
+        run = evaluator(traced)
+        return traced, run, jax.jit(run)
+
+    @functools.wraps(fn)
+    def fn2(*args, **kwargs):
         leaves, treedef, dynamic, key = _split_args(args, kwargs)
         try:
             hash(key)
         except TypeError:  # an unhashable static argument: trace every time
-            return _trace(fn, leaves, treedef), dynamic
-        if key not in cache:
-            cache[key] = _trace(fn, leaves, treedef)
-        return cache[key], dynamic
+            found = entry(leaves, treedef)
+        else:
+            if key not in cache:
+                cache[key] = entry(leaves, treedef)
+            found = cache[key]
+        traced, run, jitted = found
+        eager = not any(isinstance(x, jax.core.Tracer) for x in dynamic)
+        outs = (jitted if eager else run)(*dynamic)
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
-    return get
+    return fn2
 
 
 _NOT_CALLABLE = "`{where}` got fn={got!r}, which is not callable; pass the function to rewrite."
@@ -397,17 +425,18 @@ def rewrite_scans(
     """
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.rewrite_scans", got=fn))
-    get = _cached_trace(fn)
     run = loop or lax_loop
 
-    @functools.wraps(fn)
-    def fn2(*args, **kwargs):
-        traced, dynamic = get(args, kwargs)
-        interp = _Interpreter(transform, run, {})
-        outs = interp.eval(traced.jaxpr.jaxpr, traced.jaxpr.consts, dynamic, 0, (), ())
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+    def evaluator(traced: _Traced):
+        closed = traced.jaxpr
 
-    return fn2
+        def evaluate(*dynamic):
+            interp = _Interpreter(transform, run, {})
+            return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
+
+        return evaluate
+
+    return _rewritten(fn, evaluator)
 
 
 ### apply
@@ -487,20 +516,19 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
     policy = resolve_policy(strategy.policy, "remat.apply")
     schedule = strategy.schedule
     name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
-    if policy is None and schedule in ("none", "per_step"):
-        return fn
-    get = _cached_trace(fn)
+    if schedule == "none" or (policy is None and schedule == "per_step"):
+        return fn  # plain scans, no checkpoint: nothing to rewrite
 
     def transform_for(select):
         def transform(info: ScanInfo, body: Body) -> Body | None:
-            if not select(info) or schedule == "none":
+            if not select(info):
                 return None
             if schedule != "per_step":
                 return body  # the schedule's loop checkpoints it (see `loop`)
             return jax.checkpoint(body, policy=policy, prevent_cse=False)
 
         def loop(info, body, consts, init, xs):
-            if not select(info) or schedule in ("none", "per_step"):
+            if not select(info) or schedule == "per_step":
                 return lax_loop(info, body, consts, init, xs)
             from ._scan import scan  # the scan issue's module; imported when first needed
 
@@ -514,29 +542,30 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
                 length=info.length,
                 reverse=info.reverse,
                 schedule=schedule,
-                policy=policy,
+                policy=strategy.policy,
             )
 
         return transform, loop
 
-    @functools.wraps(fn)
-    def fn2(*args, **kwargs):
-        traced, dynamic = get(args, kwargs)
+    def evaluator(traced: _Traced):
         closed = traced.jaxpr
         if not traced.scans:
-            warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=2)
             interp = _Interpreter(lambda info, body: None, lax_loop, {})
 
-            def whole(*dyn):
-                return interp.eval(closed.jaxpr, closed.consts, dyn, 0, (), ())
+            def whole(*dynamic):
+                return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
 
-            outs = jax.checkpoint(
-                whole, policy=policy or jax.checkpoint_policies.nothing_saveable, prevent_cse=True
-            )(*dynamic)
-        else:
-            transform, loop = transform_for(_selector(strategy, traced.scans, name))
+            if policy is None:  # a schedule without a per-step policy: nothing to apply
+                return whole
+            # Warned once per input structure, when `fn2` first sees it.
+            warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=4)
+            return jax.checkpoint(whole, policy=policy, prevent_cse=True)
+        transform, loop = transform_for(_selector(strategy, traced.scans, name))
+
+        def evaluate(*dynamic):
             interp = _Interpreter(transform, loop, {})
-            outs = interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+            return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
 
-    return fn2
+        return evaluate
+
+    return _rewritten(fn, evaluator)
