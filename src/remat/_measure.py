@@ -14,6 +14,7 @@ Three things that users of `jax.checkpoint` cannot easily see are measured here:
 
 from __future__ import annotations
 
+import collections
 import statistics
 import time
 import warnings
@@ -68,6 +69,32 @@ _CAUSE_OTHER = (
 )
 _SCALARS = (int, float, complex, bool, np.generic, np.ndarray, jax.Array)
 
+# Compiled gradient FLOPs of plain programs, so that measuring several strategies of one
+# function (as `remat.compare` does) compiles the plain twin once. Keyed by the function
+# object, argnums, backend and the arguments' structure, shapes and dtypes; a few entries.
+_PLAIN_FLOPS: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+_PLAIN_FLOPS_SIZE = 16
+
+
+def _plain_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    avals = tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves)
+    key = (fn, argnums, jax.default_backend(), treedef, avals)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable callable: not remembered
+        return None
+    return key
+
+
+def _remember_plain(key: tuple[Any, ...] | None, flops: float) -> None:
+    if key is None:
+        return
+    _PLAIN_FLOPS[key] = flops
+    _PLAIN_FLOPS.move_to_end(key)
+    while len(_PLAIN_FLOPS) > _PLAIN_FLOPS_SIZE:
+        _PLAIN_FLOPS.popitem(last=False)
+
 
 ### Memory
 
@@ -81,8 +108,10 @@ def measure_compiled(compiled: Any) -> dict[str, Any]:
     Returns:
       A dict with ``peak_bytes``, ``peak_source``, ``temp_bytes``, ``argument_bytes``,
       ``output_bytes`` and ``alias_bytes``. ``peak_bytes`` is the backend's
-      ``peak_memory_in_bytes`` when it reports one (``peak_source="peak_memory_in_bytes"``),
-      else ``temp + argument + output - alias`` (``peak_source="temp+argument+output-alias"``).
+      ``peak_memory_in_bytes`` when it reports one that includes the temporaries
+      (``peak_source="peak_memory_in_bytes"``), else ``temp + argument + output - alias``
+      (``peak_source="temp+argument+output-alias"``; so on the CPU backend, whose reported
+      peak leaves the temporaries out).
       A backend without memory analysis gives zeros and ``peak_source="unavailable"``.
 
     Example:
@@ -109,7 +138,12 @@ def measure_compiled(compiled: Any) -> dict[str, Any]:
         "alias_bytes": int(stats.alias_size_in_bytes),
     }
     peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
-    if peak > 0:
+    # XLA allocates a program's temporaries as one buffer that lives for the whole run, as do
+    # its (non-donated) arguments, so a true peak is at least temp + argument - alias. The CPU
+    # backend (jaxlib 0.10) reports a `peak_memory_in_bytes` that leaves the temporaries out
+    # (about argument + output); such a number is not used.
+    floor = parts["temp_bytes"] + parts["argument_bytes"] - parts["alias_bytes"]
+    if peak > 0 and peak >= floor:
         source = "peak_memory_in_bytes"
     else:
         source = "temp+argument+output-alias"
@@ -277,13 +311,21 @@ def measure(
 
     requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
     eliminated, plain_flops = False, None
-    if requested:
-        plain = plain if plain is not None else strip_checkpoints(target)
+    if not requested:
+        _remember_plain(_plain_key(target, argnums, args), flops)
+    else:
+        key = _plain_key(plain if plain is not None else target, argnums, args)
+        if plain is None:
+            plain, key = strip_checkpoints(target), key and (*key, "stripped")
         plain_step = jax.value_and_grad(plain, argnums)
         traced = traced_dot_flops(jax.make_jaxpr(step)(*args).jaxpr)
         traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
         if traced > traced_plain:
-            plain_flops = hlo_flops(jax.jit(plain_step).lower(*args).compile().as_text())
+            plain_flops = _PLAIN_FLOPS.get(key) if key is not None else None
+            if plain_flops is None:
+                compiled_plain = jax.jit(plain_step).lower(*args).compile()
+                plain_flops = hlo_flops(compiled_plain.as_text())
+                _remember_plain(key, plain_flops)
             eliminated = flops <= plain_flops
     backend = jax.default_backend()
     if eliminated:

@@ -54,6 +54,28 @@ class Measurement:
 
     Memory numbers are XLA's compiled memory analysis (per device for SPMD programs);
     FLOPs are read from the optimised HLO with loop trip counts (see `remat.measure`).
+
+    Attributes:
+      peak_bytes: peak memory of the step; see ``peak_source``.
+      peak_source: ``"peak_memory_in_bytes"`` (the backend's own peak) or
+        ``"temp+argument+output-alias"`` (the sum of the parts below).
+      temp_bytes, argument_bytes, output_bytes, alias_bytes: XLA's memory analysis.
+      residuals: what autodiff keeps for the backward pass, one `Residual` per value kept
+        (per copy, with its multiplicity).
+      residual_bytes: ``sum(r.bytes * r.multiplicity for r in residuals)``.
+      flops: matmul and convolution FLOPs of the compiled gradient step, loop trip counts
+        included; elementwise work is not counted.
+      forward_flops: the same for ``jax.jit(fn)`` alone.
+      recompute_requested: a `jax.checkpoint` in the traced program has a policy that does
+        not save everything.
+      recompute_eliminated: the traced gradient recomputes matmuls, but the compiled one has
+        no more matmul FLOPs than the program without checkpoints (``plain_flops``).
+      compile_seconds: seconds to lower and compile the step.
+      seconds: step time over timed runs, or None when timing was skipped.
+      strategy: label of the strategy measured (``"none"``: the program as written).
+      backend, num_devices: where the step was compiled.
+      plain_flops: compiled FLOPs of the program without checkpoints, when `measure`
+        compiled it to judge ``recompute_eliminated``; None otherwise.
     """
 
     peak_bytes: int
@@ -73,6 +95,4 @@ class Measurement:
     strategy: str = "none"
     backend: str = "cpu"
     num_devices: int = 1
-    # Compiled matmul FLOPs of the plain twin (the program without checkpoints), when
-    # `measure` compiled it to judge `recompute_eliminated`; None otherwise.
     plain_flops: float | None = None

@@ -10,6 +10,7 @@ that produced it, its `checkpoint_name` and the line of user code it came from.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ try:  # the frames of remat's own modules are not "user code"
 except Exception:  # pragma: no cover - private JAX API moved
     _source_info = None
 
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
 _LOOK_THROUGH = ("reduce_precision", "copy", "copy_p")
 
 
@@ -45,11 +47,15 @@ def _source(eqn: Any) -> str | None:
     if _source_info is None:
         return None
     try:
-        frame = _source_info.user_frame(eqn.source_info.traceback)
+        frames = list(_source_info.user_frames(eqn.source_info.traceback))
     except Exception:  # pragma: no cover - private JAX API moved
         return None
-    if frame is None:
+    if not frames:
         return None
+    # prefer the user's own line (e.g. the model code) to a line inside an installed
+    # library such as flax.linen that the user's line called
+    own = [f for f in frames if not any(p in f.file_name for p in _LIBRARY_DIRS)]
+    frame = (own or frames)[0]
     path = frame.file_name
     try:
         rel = os.path.relpath(path)
@@ -82,6 +88,7 @@ class _Origin:
         self.source: str | None = None
 
 
+@functools.lru_cache(maxsize=64)  # jaxprs hash by identity; cleared after each use
 def _producers(jaxpr: Any) -> dict[Any, tuple[Any, int]]:
     return {v: (eqn, i) for eqn in jaxpr.eqns for i, v in enumerate(eqn.outvars)}
 
@@ -203,27 +210,29 @@ def residuals_of_jaxpr(jaxpr: Any, residual_vars: Sequence[Any]) -> tuple[Residu
     Returns:
       One `remat.Residual` per residual, per copy, with its multiplicity.
     """
-    out = []
-    for var in residual_vars:
-        if isinstance(var, jcore.Literal):
-            aval, mult = var.aval, 1
-        else:
-            aval, mult = _walk(jaxpr, var, 1)
-        origin = _Origin()
-        _find_origin(jaxpr, var, origin, None, set())
-        shape, dtype, nbytes = _nbytes(aval)
-        out.append(
-            Residual(
-                shape=shape,
-                dtype=dtype,
-                bytes=nbytes,
-                multiplicity=mult,
-                primitive=origin.primitive,
-                name=origin.name,
-                source=origin.source,
-            )
-        )
-    return tuple(out)
+    try:
+        return tuple(_describe(jaxpr, var) for var in residual_vars)
+    finally:
+        _producers.cache_clear()  # do not keep the program's jaxprs (and constants) alive
+
+
+def _describe(jaxpr: Any, var: Any) -> Residual:
+    if isinstance(var, jcore.Literal):
+        aval, mult = var.aval, 1
+    else:
+        aval, mult = _walk(jaxpr, var, 1)
+    origin = _Origin()
+    _find_origin(jaxpr, var, origin, None, set())
+    shape, dtype, nbytes = _nbytes(aval)
+    return Residual(
+        shape=shape,
+        dtype=dtype,
+        bytes=nbytes,
+        multiplicity=mult,
+        primitive=origin.primitive,
+        name=origin.name,
+        source=origin.source,
+    )
 
 
 def saved_residuals(
