@@ -29,6 +29,8 @@ from ._rewrite import rewrite_scans as rewrite_scans
 
 # --- measure, compare, report (issue 3) ---
 from ._measure import measure as measure
+from ._compare import compare as compare
+from ._report import Report as Report
 
 # --- scan, revolve (issue 4) ---
 from ._revolve import Action as Action

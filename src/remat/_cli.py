@@ -15,6 +15,8 @@ import sys
 # command name -> module that registers it (imported lazily so `remat --help` is fast).
 COMMANDS = {
     "demo": "remat._cli_demo",
+    "measure": "remat._cli_measure",
+    "compare": "remat._cli_compare",
     "lint": "remat._cli_lint",
 }
 

@@ -1,0 +1,212 @@
+"""The command line: target loading, bad targets (one line, exit 2), measure/compare/demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from remat._cli import EXIT_USAGE, CliError, main
+from remat._cli_compare import parse_argnums, parse_strategy, split_strategies
+from remat._cli_demo import pick_sentence
+from remat._target import load_target
+
+GOOD = """
+import jax, jax.numpy as jnp
+
+def make():
+    def loss(w, x):
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, w)
+        return jnp.sum(h ** 2)
+    return loss, (jnp.full((3, 8, 8), 0.1), jnp.ones((2, 8)))
+
+def raises():
+    raise RuntimeError("boom\\nsecond line")
+
+def not_a_pair():
+    return 42
+
+def args_not_a_tuple():
+    return (lambda w: w, [1, 2])
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def target_file(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent(GOOD))
+    return path
+
+
+def test_load_target_from_file_and_module(target_file, monkeypatch):
+    fn, args = load_target(f"{target_file}:make")
+    assert fn.__name__ == "loss" and isinstance(args, tuple) and args[0].shape == (3, 8, 8)
+    monkeypatch.syspath_prepend(str(target_file.parent))
+    fn, args = load_target("model:make")  # the same file, imported as a module
+    assert fn.__name__ == "loss" and args[1].shape == (2, 8)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "message"),
+    [
+        ("{file}", "has no factory"),
+        ("{file}:", "has no factory"),
+        ("{dir}/missing.py:make", "no such file"),
+        ("no_such_module_xyz:make", "no such module"),
+        ("{file}:nope", "has no function 'nope'"),
+        ("{file}:NOT_CALLABLE", "is not callable"),
+        ("{file}:raises", "raised RuntimeError: boom"),
+        ("{file}:not_a_pair", "returned a int; expected (fn, args)"),
+        ("{file}:args_not_a_tuple", "returned a tuple (function, list)"),
+    ],
+)
+def test_bad_targets_are_one_line_usage_errors(target_file, capsys, suffix, message):
+    target = suffix.format(file=target_file, dir=target_file.parent)
+    with pytest.raises(CliError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        load_target(target)
+    assert info.value.code == EXIT_USAGE
+    for command in (["measure", target], ["compare", target, "--strategies", "full"]):
+        assert main(command) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"remat {command[0]}: error: ")
+        assert "Traceback" not in err
+
+
+def test_bad_target_from_a_real_process(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "remat", "measure", str(tmp_path / "nothing.py:make")],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(Path(__file__).parents[1] / "src"), "JAX_PLATFORMS": "cpu"},
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "no such file" in result.stderr
+
+
+def test_unknown_strategy_and_bad_argnums_are_usage_errors(target_file, capsys):
+    assert main(["compare", f"{target_file}:make", "--strategies", "full,bogus"]) == EXIT_USAGE
+    assert "not a known strategy" in capsys.readouterr().err
+    assert main(["measure", f"{target_file}:make", "--argnums", "x"]) == EXIT_USAGE
+    assert "--argnums" in capsys.readouterr().err
+
+
+def test_strategy_spellings():
+    assert split_strategies("none,full,names:qkv,attn_out,dots") == [
+        "none",
+        "full",
+        "names:qkv,attn_out",
+        "dots",
+    ]
+    assert split_strategies("names:full;dots") == ["names:full", "dots"]
+    assert split_strategies("full+nested(2),dots") == ["full+nested(2)", "dots"]
+    strategy = parse_strategy("full+nested(2)")
+    assert strategy.name == "full+nested(2)" and strategy.schedule.levels == 2
+    assert parse_argnums("0") == 0 and parse_argnums("0,1") == (0, 1)
+
+
+def _report(peaks_flops):
+    from remat._measurement import Measurement
+    from remat._report import Machine, Report
+
+    def m(peak, flops):
+        return Measurement(peak, "x", peak, 0, 0, 0, (), 0, flops, flops, False, False, 0.0, None)
+
+    rows = tuple((label, m(p, f)) for label, (p, f) in peaks_flops.items())
+    return Report(rows=rows, baseline="none", machine=Machine("cpu", "cpu", 1, "0"))
+
+
+def test_pick_sentence_names_the_cheapest_strategy_in_half_the_memory():
+    report = _report(
+        {"none": (100 << 20, 10.0), "dots": (60 << 20, 11.0), "full": (40 << 20, 13.0)}
+    )
+    sentence = pick_sentence(report)
+    assert sentence.endswith(".") and ". " not in sentence and "\n" not in sentence  # one sentence
+    assert "pick full" in sentence and "40% of the baseline" in sentence and "1.30×" in sentence
+    report = _report({"none": (100 << 20, 10.0), "dots": (60 << 20, 11.0)})
+    assert pick_sentence(report).startswith("No strategy fits in half")
+    assert "dots at 60.0 MiB" in pick_sentence(report)
+
+
+def test_demo_rejects_bad_sizes(capsys, tmp_path):
+    assert main(["demo", "--d-model", "10", "--heads", "3", "--out", str(tmp_path)]) == EXIT_USAGE
+    assert "multiple of heads" in capsys.readouterr().err
+    assert main(["demo", "--layers", "0", "--out", str(tmp_path)]) == EXIT_USAGE
+    assert not any(tmp_path.iterdir())
+
+
+TINY_DEMO = ["--layers", "2", "--d-model", "16", "--seq", "8", "--batch", "2", "--heads", "2"]
+
+
+def test_compare_and_measure_commands_agree(target_file, tmp_path, capsys):
+    from remat import Report
+
+    target = f"{target_file}:make"
+    out = tmp_path / "cmp"
+    assert (
+        main(["compare", target, "--strategies", "full", "--repeats", "1", "--out", str(out)]) == 0
+    )
+    printed = capsys.readouterr().out
+    report = Report.from_json(out / "report.json")
+    assert report.labels == ("none", "full") and report.title == target
+    assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert all(label in printed for label in report.labels)
+
+    path = tmp_path / "m.json"
+    assert (
+        main(["measure", target, "--strategy", "full", "--repeats", "0", "--json", str(path)]) == 0
+    )
+    printed = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    full = report["full"]  # compiled memory and FLOPs are deterministic: exactly equal
+    assert (data["peak_bytes"], data["residual_bytes"]) == (full.peak_bytes, full.residual_bytes)
+    assert data["flops"] == full.flops and data["seconds"] is None
+    assert f"{full.peak_bytes / 2**20:10.2f} MiB" in printed
+    assert "largest residuals" in printed
+
+
+def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypatch):
+    from remat import Report
+    from remat._report import Machine
+    from test_report import ROWS
+
+    seen = {}
+
+    def fake_compare(fn, *args, strategies, baseline, repeats, title):
+        seen.update(strategies=strategies, args=args, repeats=repeats)
+        rows = tuple((label, m) for label, m in ROWS if label != "worse_than_full")
+        return Report(
+            rows=rows, baseline=baseline, machine=Machine("cpu", "cpu", 1, "0"), title=title
+        )
+
+    monkeypatch.setattr("remat._compare.compare", fake_compare)
+    out = tmp_path / "demo"
+    assert main(["demo", *TINY_DEMO, "--repeats", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(seen["strategies"]) >= 6 and seen["repeats"] == 2
+    assert seen["args"][1].shape == (2, 9)  # batch 2, seq 8 (+1 for the targets)
+    report = Report.from_json(out / "report.json")
+    assert report.title.startswith("GPT: 2 layers, d_model 16")
+    for label in report.labels:
+        assert any(label in line for line in printed)
+    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    assert printed[-1] == pick_sentence(report)
+    assert "pick full:" in printed[-1]  # hand-made rows: full is the cheapest under 20 MiB
+
+
+@pytest.mark.slow
+def test_demo_end_to_end(tmp_path, capsys):
+    from remat import Report
+
+    assert main(["demo", *TINY_DEMO, "--repeats", "1", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    report = Report.from_json(tmp_path / "report.json")
+    assert len(report.rows) >= 6 and report.baseline == "none"
+    assert printed[-1] == pick_sentence(report)
