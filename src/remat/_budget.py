@@ -1,0 +1,133 @@
+"""Memory budgets: bytes, a size with a unit, or a fraction of the un-checkpointed peak."""
+
+from __future__ import annotations
+
+import math
+import re
+
+# Binary and decimal units; a bare "K"/"M"/"G" is read as binary, as `nvidia-smi` and XLA print.
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 2**40,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
+
+_BAD_BUDGET = (
+    "`remat.plan` got budget={got!r}, which is not a memory budget. Pass bytes as an int "
+    "(e.g. 6_000_000_000), a size with a unit ('6GiB', '512MiB', '1.5GB'), or a fraction of "
+    "the un-checkpointed peak ({peak}) as a float in (0, 1] or a percentage ('50%')."
+)
+_NOT_POSITIVE = (
+    "`remat.plan` got budget={got!r}, which is {why}; a budget must be a positive amount of "
+    "memory, e.g. budget='50%' or budget='2GiB'."
+)
+_OVER_DEVICE = (
+    "`remat.plan` got budget={got!r} = {bytes} bytes, more than the device's memory "
+    "({device} bytes); no plan can use more memory than the device has. Pass a budget of at "
+    "most {device} bytes, or a fraction such as budget='90%'."
+)
+
+
+def format_bytes(n: float) -> str:
+    """Formats a byte count with a binary unit, e.g. ``'1.50 MiB'``.
+
+    Example:
+      >>> from remat._budget import format_bytes
+      >>> format_bytes(3 * 2**19)
+      '1.50 MiB'
+    """
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_budget(
+    budget: int | float | str,
+    baseline_peak: int | None = None,
+    device_memory: int | None = None,
+) -> int:
+    """Turns a memory budget into bytes.
+
+    Args:
+      budget: bytes (``int``), a size with a unit (``"6GiB"``, ``"512MiB"``, ``"1.5GB"``), a
+        fraction of the un-checkpointed peak (a ``float`` in ``(0, 1]``, e.g. ``0.5``), or a
+        percentage (``"50%"``).
+      baseline_peak: the un-checkpointed peak in bytes; needed for fractions and percentages.
+      device_memory: the device's memory in bytes, if known; a budget above it is an error.
+
+    Returns:
+      The budget in bytes, a positive ``int``.
+
+    Raises:
+      ValueError: for a budget that is not a number or a size, zero or negative, a fraction
+        without ``baseline_peak``, or more than ``device_memory``.
+
+    Example:
+      >>> from remat._budget import parse_budget
+      >>> parse_budget("512MiB")
+      536870912
+      >>> parse_budget("50%", baseline_peak=1000)
+      500
+      >>> parse_budget(0.25, baseline_peak=1000)
+      250
+    """
+    peak_text = f"{baseline_peak} bytes" if baseline_peak is not None else "unknown here"
+    if isinstance(budget, bool) or not isinstance(budget, int | float | str):
+        raise ValueError(_BAD_BUDGET.format(got=budget, peak=peak_text))
+    fraction = None
+    if isinstance(budget, int):
+        value = budget
+    elif isinstance(budget, float):
+        if not math.isfinite(budget):
+            raise ValueError(_BAD_BUDGET.format(got=budget, peak=peak_text))
+        if budget > 1.0:
+            raise ValueError(
+                f"`remat.plan` got budget={budget!r}; a float budget is a fraction of the "
+                "un-checkpointed peak and must be in (0, 1]. For bytes pass an int, e.g. "
+                f"budget={int(budget)}."
+            )
+        fraction = budget
+    else:
+        percent = _PERCENT.match(budget)
+        size = _SIZE.match(budget)
+        if percent:
+            fraction = float(percent.group(1)) / 100.0
+            if fraction > 1.0:
+                raise ValueError(
+                    f"`remat.plan` got budget={budget!r}, more than 100% of the "
+                    "un-checkpointed peak; checkpointing only lowers memory. Pass at most "
+                    "'100%' (or no budget to keep the program as it is)."
+                )
+        elif size and size.group(2).lower() in _UNITS:
+            value = float(size.group(1)) * _UNITS[size.group(2).lower()]
+        else:
+            raise ValueError(_BAD_BUDGET.format(got=budget, peak=peak_text))
+    if fraction is not None:
+        if fraction <= 0:
+            raise ValueError(_NOT_POSITIVE.format(got=budget, why="not above zero"))
+        if baseline_peak is None:
+            raise ValueError(
+                f"`remat.plan` got the fractional budget {budget!r} but no un-checkpointed "
+                "peak to take it of; pass `baseline_peak`, or give the budget in bytes."
+            )
+        value = fraction * baseline_peak
+    if value <= 0:
+        raise ValueError(_NOT_POSITIVE.format(got=budget, why="zero or negative"))
+    value = int(value)
+    if device_memory is not None and value > device_memory:
+        raise ValueError(_OVER_DEVICE.format(got=budget, bytes=value, device=device_memory))
+    return value

@@ -1,0 +1,68 @@
+"""`parse_budget`: bytes, units, fractions, percentages, and the errors that teach."""
+
+from __future__ import annotations
+
+import pytest
+
+from remat._budget import format_bytes, parse_budget
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        (1000, 1000),
+        ("6GiB", 6 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("1.5GB", 1_500_000_000),
+        ("2 kib", 2048),
+        ("100", 100),
+        ("1e3", 1000),
+        (0.5, 500),
+        ("50%", 500),
+        ("12.5 %", 125),
+        (1.0, 1000),
+    ],
+)
+def test_parses(budget, expected):
+    assert parse_budget(budget, baseline_peak=1000) == expected
+
+
+@pytest.mark.parametrize(
+    ("budget", "match"),
+    [
+        (0, "zero or negative"),
+        (-5, "zero or negative"),
+        ("-1GiB", "not a memory budget"),
+        (0.0, "not above zero"),
+        ("0%", "not above zero"),
+        ("lots", "not a memory budget"),
+        ("5 parsecs", "not a memory budget"),
+        (True, "not a memory budget"),
+        (None, "not a memory budget"),
+        (float("nan"), "not a memory budget"),
+        (1.5, "must be in \\(0, 1\\]"),
+        ("150%", "more than 100%"),
+    ],
+)
+def test_errors_name_the_function_and_the_fix(budget, match):
+    with pytest.raises(ValueError, match=match) as err:
+        parse_budget(budget, baseline_peak=1000)
+    assert "`remat.plan`" in str(err.value)
+    assert "budget=" in str(err.value)
+
+
+def test_fraction_needs_a_baseline():
+    with pytest.raises(ValueError, match="no un-checkpointed peak"):
+        parse_budget("50%")
+
+
+def test_over_device_memory():
+    assert parse_budget("1KiB", device_memory=1024) == 1024
+    with pytest.raises(ValueError, match="more than the device's memory"):
+        parse_budget("2KiB", device_memory=1024)
+
+
+def test_format_bytes():
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(3 * 2**30) == "3.00 GiB"

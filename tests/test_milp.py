@@ -1,0 +1,180 @@
+"""The rematerialisation MILP on small hand-made graphs whose optimum is known."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from remat._milp import Node, Option, solve
+
+
+def chain(n, *, bytes_=4, flops=10.0, steps=10):
+    """x -> v0 -> v1 -> ... ; every value needed by the backward pass."""
+    return [
+        Node(bytes=bytes_, flops=flops, inputs=(i - 1,) if i else (), multiplicity=steps, needed=True)
+        for i in range(n)
+    ]
+
+
+def test_everything_fits_nothing_recomputed():
+    s = solve(chain(3), budget_bytes=10_000)
+    assert s.saved == {0, 1, 2} and not s.recomputed
+    assert s.recompute_flops == 0 and s.saved_bytes == 3 * 4 * 10
+
+
+def test_chain_saves_what_is_cheapest_to_keep():
+    # Budget for one saved value (40) + the transient of one step's recomputed values.
+    # Saving v0 lets v1 and v2 be recomputed from it (20 FLOPs per step). Saving v2 instead
+    # needs v0, v1 recomputed (also 20) -- but both equal: tie broken by memory, which is
+    # equal too, so only the cost is pinned.
+    s = solve(chain(3), budget_bytes=40 + 8)
+    assert len(s.saved) == 1 and len(s.recomputed) == 2
+    assert s.recompute_flops == 2 * 10 * 10
+
+
+def test_expensive_values_are_saved_first():
+    # v1 is a matmul (1000 FLOPs), the others elementwise (1 FLOP): keep v1, recompute the rest.
+    nodes = [
+        Node(bytes=4, flops=1, multiplicity=10, needed=True),
+        Node(bytes=4, flops=1000, inputs=(0,), multiplicity=10, needed=True),
+        Node(bytes=4, flops=1, inputs=(1,), multiplicity=10, needed=True),
+    ]
+    s = solve(nodes, budget_bytes=40 + 8)
+    assert s.saved == {1}
+    assert s.recomputed == {0, 2}
+    assert s.recompute_flops == 20
+
+
+def test_recompute_needs_its_inputs():
+    # b is needed and cheap to recompute, but only from a, which is not recomputable and
+    # not saveable: b must be saved.
+    nodes = [
+        Node(bytes=100, flops=0, saveable=False, recomputable=False),
+        Node(bytes=4, flops=1, inputs=(0,), multiplicity=10, needed=True),
+    ]
+    s = solve(nodes, budget_bytes=1000)
+    assert s.saved == {1} and not s.recomputed
+    # Carry-like input: not recomputable but saveable; recomputing b forces saving it.
+    nodes[0] = Node(bytes=1, flops=0, multiplicity=10, recomputable=False)
+    s = solve(nodes, budget_bytes=10 + 4)
+    assert s.saved == {0} and s.recomputed == {1}
+
+
+def test_infeasible_and_minimum_memory():
+    nodes = chain(3)
+    assert solve(nodes, budget_bytes=5) is None
+    smallest = solve(nodes, budget_bytes=5, minimize="memory")
+    assert smallest.saved == set()  # recompute all three from the free input
+    assert smallest.memory_bytes == 12  # one step's three values, live together
+    assert solve(nodes, budget_bytes=12) is not None
+
+
+def test_fixed_bytes_count_against_the_budget():
+    assert solve(chain(2), budget_bytes=80).recompute_flops == 0
+    assert solve(chain(2), budget_bytes=80, fixed_bytes=20).recompute_flops > 0
+
+
+def test_transient_weight():
+    nodes = chain(2)
+    # Nothing saved: transient 8 bytes; half of it counted.
+    assert solve(nodes, budget_bytes=4, transient_weight=0.5) is not None
+    assert solve(nodes, budget_bytes=4, transient_weight=1.0) is None
+
+
+def test_options_pick_one_schedule_per_group():
+    # Scan 0 has two options: "per_step" keeps its node for 10 steps (40 bytes, 0 FLOPs);
+    # "binomial" keeps 8 bytes of carries and re-runs steps (50 FLOPs).
+    options = [Option(group=0), Option(group=0, bytes=8, flops=50)]
+    nodes = [Node(bytes=4, flops=1000, multiplicity=10, needed=True, option=0, group=0)]
+    s = solve(nodes, budget_bytes=100, options=options)
+    assert s.options == (0,) and s.saved == {0} and s.recompute_flops == 0
+    s = solve(nodes, budget_bytes=20, options=options)
+    assert s.options == (1,) and not s.saved and s.recompute_flops == 50
+    assert s.saved_bytes == 8
+
+
+def test_two_groups_share_one_budget():
+    options = [Option(group=0), Option(group=1)]
+    nodes = [
+        Node(bytes=10, flops=5, multiplicity=2, needed=True, option=0, group=0),
+        Node(bytes=10, flops=50, multiplicity=2, needed=True, option=1, group=1),
+    ]
+    assert solve(nodes, budget_bytes=40, options=options).recompute_flops == 0
+    # Room for one saved value (2 copies) plus the other's transient: save the expensive one.
+    s = solve(nodes, budget_bytes=30, options=options)
+    assert s.saved == {1} and s.recomputed == {0} and s.recompute_flops == 10
+    # Recomputing both: the groups' transients are live one at a time (a maximum, not a sum).
+    s = solve(nodes, budget_bytes=10, options=options)
+    assert s.recomputed == {0, 1} and s.memory_bytes == 10
+
+
+def test_bad_graph():
+    with pytest.raises(ValueError, match="not another node"):
+        solve([Node(bytes=1, flops=1, inputs=(3,))], 10)
+    with pytest.raises(ValueError, match="minimize"):
+        solve(chain(1), 10, minimize="time")
+
+
+def test_deterministic():
+    nodes = chain(6, flops=1.0)
+    assert solve(nodes, 100) == solve(nodes, 100)
+
+
+def _brute_force(nodes, budget):
+    """Exhaustive optimum: (flops, memory) of the best feasible choice, or None."""
+    n = len(nodes)
+    best = None
+    for choice in itertools.product((0, 1, 2), repeat=n):  # 0 neither, 1 save, 2 recompute
+        S = {i for i in range(n) if choice[i] == 1}
+        R = {i for i in range(n) if choice[i] == 2}
+        if any(nodes[i].needed and i not in S | R for i in range(n)):
+            continue
+        if any(not nodes[i].saveable for i in S) or any(not nodes[i].recomputable for i in R):
+            continue
+        if any(u not in S | R for i in R for u in nodes[i].inputs):
+            continue
+        mem = sum(nodes[i].bytes * nodes[i].multiplicity for i in S)
+        mem += sum(nodes[i].bytes for i in R if nodes[i].needed)
+        if mem > budget:
+            continue
+        cost = sum(nodes[i].recompute_flops for i in R)
+        if best is None or cost < best:
+            best = cost
+    return best
+
+
+@st.composite
+def graphs(draw):
+    n = draw(st.integers(1, 5))
+    nodes = []
+    for i in range(n):
+        inputs = tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=2)))) if i else ()
+        nodes.append(
+            Node(
+                bytes=draw(st.integers(1, 8)),
+                flops=float(draw(st.integers(0, 20))),
+                inputs=inputs,
+                multiplicity=draw(st.sampled_from([1, 3])),
+                needed=draw(st.booleans()),
+                recomputable=draw(st.integers(0, 3)) > 0,
+            )
+        )
+    budget = draw(st.integers(0, 60))
+    return nodes, budget
+
+
+@settings(max_examples=60, deadline=None)
+@given(graphs())
+def test_matches_exhaustive_search(case):
+    nodes, budget = case
+    expected = _brute_force(nodes, budget)
+    got = solve(nodes, budget)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None
+        assert got.recompute_flops == pytest.approx(expected)
+        assert got.memory_bytes <= budget

@@ -1,0 +1,158 @@
+"""`remat.plan`: plans fit their budget, keep gradients exact, reload, and refuse changes."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import assert_tree_allclose
+
+import remat
+from remat._plan import peak_of
+
+
+def mlp_stack(layers=6, d=16, batch=8, act=jnp.tanh):
+    """A scanned stack of two-matmul residual blocks, and its (params, x)."""
+
+    def block(h, w):
+        w1, w2 = w
+        return h + act(h @ w1) @ w2, None
+
+    def loss(params, x):
+        h, _ = jax.lax.scan(block, x, params)
+        return jnp.mean(h**2)
+
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = (
+        jax.random.normal(k1, (layers, d, 4 * d)) / jnp.sqrt(d),
+        jax.random.normal(k2, (layers, 4 * d, d)) / jnp.sqrt(4 * d),
+    )
+    return loss, (params, jax.random.normal(k3, (batch, d)))
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return mlp_stack()
+
+
+@pytest.fixture(scope="module")
+def plans(stack):
+    loss, args = stack
+    return {b: remat.plan(loss, *args, budget=b) for b in (1.0, 0.6, 0.45)}
+
+
+def test_plans_fit_and_keep_gradients(stack, plans):
+    loss, args = stack
+    ref_value, ref_grad = jax.value_and_grad(loss)(*args)
+    peaks = []
+    for budget, p in plans.items():
+        assert p.measured_peak_bytes <= p.budget_bytes
+        assert p.budget_bytes == int(budget * p.baseline_peak_bytes)
+        value, grad = jax.value_and_grad(p.fn)(*args)
+        assert_tree_allclose(value, ref_value)
+        assert_tree_allclose(grad, ref_grad)
+        peaks.append(p.measured_peak_bytes)
+    # The measured peak never rises as the budget falls.
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_tight_budget_recomputes_and_loose_does_not(plans):
+    loose, tight = plans[1.0], plans[0.45]
+    assert loose.flops_ratio == pytest.approx(1.0)
+    assert tight.flops_ratio > 1.0  # recomputation happened in the compiled program
+    assert tight.measured_peak_bytes < loose.measured_peak_bytes
+    assert all(s.recompute_flops > 0 for s in tight.scans)
+
+
+def test_plan_saves_exactly_its_names(stack, plans):
+    """What JAX keeps for the backward pass is the plan's named values (and carries/args)."""
+    loss, args = stack
+    for p in plans.values():
+        names = {n for s in p.scans for n in s.names}
+        kept = {r.name for r in p.measured.residuals if r.name is not None}
+        assert kept <= names
+        if p.scans[0].schedule == "per_step":
+            saved = {v.name for v in p.scans[0].saved if v.primitive != "carry"}
+            assert saved == set(p.scans[0].names)
+
+
+def test_predicted_peak_close_to_measured(plans):
+    for p in plans.values():
+        assert abs(p.predicted_peak_bytes - p.measured_peak_bytes) <= 0.1 * p.measured_peak_bytes
+
+
+def test_explain_names_every_saved_value(plans):
+    p = plans[0.6]
+    text = p.explain()
+    for v in p.scans[0].saved:
+        assert v.name in text
+    assert "predicted peak" in text and "measured peak" in text and "schedule" in text
+
+
+def test_infeasible_budget_gives_the_numbers(stack):
+    loss, args = stack
+    with pytest.raises(remat.InfeasibleBudget) as err:
+        remat.plan(loss, *args, budget="5%", max_rounds=1)
+    e = err.value
+    assert e.smallest_peak_bytes > e.budget_bytes
+    assert str(e.budget_bytes) in str(e) and str(e.smallest_peak_bytes) in str(e)
+    assert "`remat.plan`" in str(e) and "5%" in str(e)
+
+
+def test_json_round_trip(stack, plans, tmp_path):
+    loss, args = stack
+    p = plans[0.45]
+    path = p.to_json(tmp_path / "plan.json")
+    q = remat.load_plan(path, loss, *args)
+    assert q.scans == p.scans
+    assert q.measured == p.measured
+    assert q.predicted_peak_bytes == p.predicted_peak_bytes
+    assert q.fingerprint == p.fingerprint
+    assert_tree_allclose(jax.grad(q.fn)(*args), jax.grad(p.fn)(*args))
+    assert json.loads(path.read_text())["format"] == 1
+
+
+def test_changed_program_is_refused(stack, plans, tmp_path):
+    loss, args = stack
+    path = plans[0.6].to_json(tmp_path / "plan.json")
+    changed, _ = mlp_stack(act=jnp.sin)
+    with pytest.raises(ValueError, match="different program"):
+        remat.load_plan(path, changed, *args)
+    other_shape = mlp_stack(batch=4)[1]
+    with pytest.raises(ValueError, match="different program"):
+        remat.load_plan(path, loss, *other_shape)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read"):
+        remat.load_plan(tmp_path / "bad.json", loss, *args)
+
+
+def test_long_recurrence_uses_a_sublinear_schedule():
+    """Below the memory of one carry per step, only Nested/Binomial can fit."""
+
+    def loss(w, xs):
+        def cell(h, x):
+            return jnp.tanh(h @ w + x), None
+
+        h, _ = jax.lax.scan(cell, jnp.zeros((4, 32)), xs)
+        return jnp.sum(h**2)
+
+    w = jax.random.normal(jax.random.key(1), (32, 32)) / 6
+    xs = jax.random.normal(jax.random.key(2), (64, 4, 32))
+    per_step = remat.plan(loss, w, xs, budget=1.0, schedules=False)
+    carries = 64 * 4 * 32 * 4
+    budget = per_step.measured_peak_bytes - carries // 2
+    p = remat.plan(loss, w, xs, budget=budget)
+    assert p.scans[0].schedule != "per_step"
+    assert p.measured_peak_bytes <= budget
+    assert_tree_allclose(jax.grad(p.fn)(w, xs), jax.grad(loss)(w, xs), scale=10)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="found no `scan`"):
+        remat.plan(lambda x: jnp.sum(jnp.sin(x)), jnp.ones(3), budget=1.0)
+    with pytest.raises(ValueError, match="budget"):
+        remat.plan(lambda x: jnp.sum(jnp.sin(x)), jnp.ones(3), budget="lots")
+    with pytest.raises(TypeError, match="not callable"):
+        remat.plan(3, jnp.ones(3), budget=1.0)
