@@ -39,7 +39,7 @@ import jax
 from ._budget import format_bytes, parse_budget
 from ._costmodel import ScanModel, model_scans
 from ._io import atomic_write_text
-from ._measure import _check_args
+from ._measure import _check_args, _check_scalar
 from ._measurement import Measurement
 from ._milp import Node, Option, Solution, solve
 from ._schedule import Binomial, Nested, Schedule
@@ -436,7 +436,11 @@ def plan(
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"`remat.plan` got max_rounds={max_rounds!r}; pass an int >= 1.")
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
-    _check_args(args, argnums)
+    try:  # the same checks as `remat.measure`, named for `remat.plan`
+        _check_args(args, argnums)
+        _check_scalar(fn, args)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
     baseline = _compile_measure(fn, args, argnums, "none", None)
     baseline_peak = peak_of(baseline)
     budget_bytes = parse_budget(budget, baseline_peak, device_memory)
