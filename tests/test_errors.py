@@ -143,6 +143,56 @@ CASES = {
         "'names:'",
         "names:attn_out",
     ),
+    # budgets: negative, zero, unparseable, above the device's memory
+    "plan-negative-budget": (
+        lambda: remat.plan(loss, WS, X, budget=-5),
+        ValueError,
+        "remat.plan",
+        "budget=-5",
+        "positive amount of memory",
+    ),
+    "plan-zero-budget": (
+        lambda: remat.plan(loss, WS, X, budget="0%"),
+        ValueError,
+        "remat.plan",
+        "budget='0%'",
+        "positive amount of memory",
+    ),
+    "plan-unparseable-budget": (
+        lambda: remat.plan(loss, WS, X, budget="half"),
+        ValueError,
+        "remat.plan",
+        "budget='half'",
+        "'512MiB'",
+    ),
+    "plan-budget-above-device": (
+        lambda: remat.plan(loss, WS, X, budget="2GiB", device_memory=2**30),
+        ValueError,
+        "remat.plan",
+        "budget='2GiB'",
+        "budget='90%'",
+    ),
+    "plan-float-budget-over-one": (
+        lambda: remat.plan(loss, WS, X, budget=1.5),
+        ValueError,
+        "remat.plan",
+        "budget=1.5",
+        "(0, 1]",
+    ),
+    "plan-non-scalar": (
+        lambda: remat.plan(vector_loss, WS, X, budget="50%"),
+        ValueError,
+        "remat.plan",
+        "float32[2, 3]",
+        "scalar",
+    ),
+    "plan-str-arg": (
+        lambda: remat.plan(loss, "weights", X, budget="50%"),
+        TypeError,
+        "remat.plan",
+        "str",
+        "array",
+    ),
 }
 
 
