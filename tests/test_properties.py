@@ -13,7 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from jax.ad_checkpoint import checkpoint_name
 
@@ -153,3 +153,64 @@ def test_scan_matches_lax_scan(n, schedule, policy, reverse, dtype):
     expected = jax.value_and_grad(reference, argnums=(0, 1))(c0, w)
     got = jax.value_and_grad(with_remat, argnums=(0, 1))(c0, w)
     assert_tree_allclose(got, expected, scale=SCALE[dtype])
+
+
+# --- plans: fit the budget or say they cannot; the same program and budget, the same plan ---
+
+PLAN_PROFILE = settings(PROFILE, max_examples=max(2, PROFILE.max_examples // 2))
+BUDGETS = st.one_of(st.floats(0.05, 1.0), st.sampled_from(["30%", "75%", "100%"]))
+
+
+def _fixed_stack(depth=8, width=5, batch=3, pytree_carry=False):
+    rng = np.random.default_rng(0)
+    params = {
+        "w": rng.normal(size=(depth, width, width)) / np.sqrt(width),
+        "b": rng.normal(size=(depth, width)) * 0.1,
+    }
+    return _loss(pytree_carry), params, rng.normal(size=(batch, width)), "float32"
+
+
+@PLAN_PROFILE
+@example(stack=_fixed_stack(), budget="60%")  # always one plan that fits, even in CI
+@given(stack=stacks(dtypes=("float32",)), budget=BUDGETS)
+def test_plans_fit_or_raise_infeasible(stack, budget):
+    loss, params, x, dtype = stack
+    params, x = _cast(params, dtype), _cast(x, dtype)
+    try:
+        plan = remat.plan(loss, params, x, budget=budget, argnums=(0, 1))
+    except remat.InfeasibleBudget as err:
+        assert "`remat.plan` cannot fit budget" in str(err)
+        event("infeasible")
+        return
+    event("feasible")
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    expected = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    got = jax.value_and_grad(plan.fn, argnums=(0, 1))(params, x)
+    assert_tree_allclose(got, expected, scale=SCALE[dtype])
+
+
+_TIMINGS = {"solve_seconds", "compile_seconds", "seconds"}
+
+
+def _without_timings(data):
+    if isinstance(data, dict):
+        return {k: _without_timings(v) for k, v in data.items() if k not in _TIMINGS}
+    if isinstance(data, list):
+        return [_without_timings(v) for v in data]
+    return data
+
+
+def test_same_program_and_budget_give_the_same_plan():
+    def loss(ws, x):
+        def body(c, w):
+            h = checkpoint_name(jnp.sin(c @ w), "hidden")
+            return jnp.tanh(h @ w), None
+
+        return jnp.sum(jax.lax.scan(body, x, ws)[0] ** 2)
+
+    ws = jnp.linspace(-0.3, 0.3, 6 * 8 * 8).reshape(6, 8, 8)
+    x = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8)
+    first = remat.plan(loss, ws, x, budget="90%")
+    second = remat.plan(loss, ws, x, budget="90%")
+    assert first.scans == second.scans
+    assert _without_timings(first.to_dict()) == _without_timings(second.to_dict())
