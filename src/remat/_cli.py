@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as err:
         print(f"remat {args.command}: error: {err}", file=sys.stderr)
         return err.code
+    except (ValueError, TypeError, OSError) as err:
+        # remat's API errors (bad options reaching `remat.measure`, `remat.plan`, ...) and
+        # unwritable output paths: one line, not a traceback. Output files are atomic, so
+        # nothing half-written is left behind.
+        infeasible = type(err).__name__ == "InfeasibleBudget"
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        print(f"remat {args.command}: error: {first}", file=sys.stderr)
+        return EXIT_INFEASIBLE if infeasible else EXIT_USAGE
     except KeyboardInterrupt:
         print(f"remat {args.command}: interrupted", file=sys.stderr)
         return 130
