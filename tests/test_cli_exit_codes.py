@@ -84,7 +84,32 @@ def test_lint_json_is_written_atomically(capsys, target, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(Path, "write_text", fail)
-    with pytest.raises(OSError):
-        _cli.main(["lint", f"{target}:make", "--json", str(out)])
+    code, _, err = _run(capsys, ["lint", f"{target}:make", "--json", str(out)])
+    assert code == 2 and err.count("\n") == 1 and "disk full" in err
     assert out.read_text() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["measure", "{target}:make", "--repeats", "-1"],
+        ["measure", "{target}:make", "--repeats", "0", "--json", "{target}/out.json"],
+        [
+            "compare",
+            "{target}:make",
+            "--strategies",
+            "full",
+            "--repeats",
+            "0",
+            "--out",
+            "{target}/d",
+        ],
+        ["lint", "{target}:make", "--json", "{target}/out.json"],
+    ],
+)
+def test_api_errors_and_unwritable_outputs_exit_2_with_one_line(capsys, target, argv):
+    # "{target}/..." is a path below a regular file: it cannot be created.
+    code, _, err = _run(capsys, [a.format(target=target) for a in argv])
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -83,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
             "target": args.target,
             "findings": [dataclasses.asdict(f) for f in findings],
         }
-        atomic_write_text(args.json, json.dumps(payload, indent=2) + "\n")
+        try:
+            atomic_write_text(args.json, json.dumps(payload, indent=2) + "\n")
+        except OSError as err:  # an unwritable path: one line, and no partial file
+            raise CliError(f"cannot write {args.json}: {err.strerror or err}") from err
     if findings and not args.exit_zero:
         return EXIT_FINDINGS
     return EXIT_OK
