@@ -55,7 +55,9 @@ def test_rm001_misspelt_name_is_found_with_closest_names_first():
     fn = lambda x: jnp.sum(jax.checkpoint(layer, policy=policy)(x))  # noqa: E731
     (finding,) = remat.lint(fn, X, measure=False)
     assert finding.code == "RM001"
-    assert finding.source.endswith(f"test_lint.py:{line}")
+    # The user's own line (the layer, or the scan call), never flax's or remat's files.
+    assert finding.source.rpartition(":")[0].endswith("test_lint.py")
+    assert int(finding.source.rpartition(":")[2]) in {line, *scan_lines}
     assert "'hiden'" in finding.message
     assert finding.message.index("'hidden'") < finding.message.index("'out'")
     # The mechanism: a name nobody produces makes the policy save nothing at all.
@@ -306,3 +308,65 @@ def test_rm005_not_reported_inside_a_scan():
 def test_rm005_skipped_without_a_scalar_loss_or_with_measure_false():
     assert remat.lint(lambda x: jax.checkpoint(layer)(x), X) == []
     assert codes(checkpointed(cp.nothing_saveable), X) == []
+
+
+# --- programs that remat or flax build ---
+
+
+def _scanned_loss(ws, x):
+    def body(c, w):
+        return layer(c @ w), None
+
+    return jnp.sum(jax.lax.scan(body, x, ws)[0])
+
+
+def test_checkpoints_inside_loops_are_not_compiled(monkeypatch):
+    import remat._measure
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("lint compiled a program whose checkpoints are all in loops")
+
+    monkeypatch.setattr(remat._measure, "measure", no_compile)
+    ws = jnp.stack([X, X / 2])
+    assert remat.lint(_scanned_loss, ws, X, strategy="full") == []
+
+
+def test_binomial_schedule_checkpoint_is_not_reported_as_saving_nothing():
+    ws = jnp.stack([X / (i + 1) for i in range(5)])
+    strategy = remat.Strategy("full", schedule=remat.Binomial(2))
+    assert remat.lint(_scanned_loss, ws, X, strategy=strategy, measure=False) == []
+
+
+def test_source_is_the_users_line_for_flax_layers():
+    import flax.linen as nn
+
+    class Layer(nn.Module):
+        @nn.compact
+        def __call__(self, c, _):
+            h = nn.Dense(4)(c)
+            line = line_here() + 1
+            h = checkpoint_name(jnp.sin(h), "hidden")
+            return jnp.tanh(h), line
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            scan = nn.scan(
+                Layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=3
+            )
+            scan_lines.append(line_here() + 1)
+            return scan()(x, None)
+
+    scan_lines: list[int] = []
+    model = Stack()
+    params = model.init(jax.random.key(0), X)
+    line = int(model.apply(params, X)[1][0])
+
+    def loss(p, x):
+        return jnp.sum(model.apply(p, x)[0])
+
+    (finding,) = remat.lint(loss, params, X, strategy="names:hiden", measure=False)
+    assert finding.code == "RM001"
+    # The user's own line (the layer, or the scan call), never flax's or remat's files.
+    assert finding.source.rpartition(":")[0].endswith("test_lint.py")
+    assert int(finding.source.rpartition(":")[2]) in {line, *scan_lines}

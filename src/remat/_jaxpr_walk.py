@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -20,6 +21,7 @@ from jax.extend import core
 CHECKPOINT = "remat2"  # `jax.checkpoint` / `jax.remat`
 LOOPS = frozenset({"scan", "while"})
 _REMAT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LIBRARIES = ("flax", "equinox", "optax", "haiku")  # their frames are not the user's code
 
 # One step down into a sub-jaxpr: (equation index, parameter name, branch index or None).
 Step = tuple[int, str, int | None]
@@ -129,23 +131,38 @@ def replace_eqn(
 def source(eqn: core.JaxprEqn) -> str | None:
     """``"file.py:12"``: the innermost frame of the user's code (not JAX's, not remat's).
 
-    An equation traced straight from `remat` (a checkpointed function passed to
-    `remat.lint` itself) has no user frame; it gets the location of its first inner
-    equation that has one.
+    An equation made by a library (a checkpoint that `remat.apply` or `flax.linen.scan`
+    inserted) gets the location of its first inner equation in the user's code, else the
+    innermost frame outside JAX.
     """
-    found = _own_source(eqn)
-    if found is None:
+    return _strict_source(eqn) or _own_source(eqn, strict=False)
+
+
+def _strict_source(eqn: core.JaxprEqn, depth: int = 0) -> str | None:
+    found = _own_source(eqn, strict=True)
+    if found is None and depth < 8:
         for _, _, sub in subjaxprs(eqn):
             for inner in sub.eqns:
-                found = source(inner)
+                found = _strict_source(inner, depth + 1)
                 if found is not None:
                     return found
     return found
 
 
-def _own_source(eqn: core.JaxprEqn) -> str | None:
+def _library_dirs() -> tuple[str, ...]:
+    """Directories whose frames are not the user's: remat's own, and layer libraries'."""
+    dirs = [_REMAT_DIR]
+    for name in _LIBRARIES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(module.__file__) + os.sep)
+    return tuple(dirs)
+
+
+def _own_source(eqn: core.JaxprEqn, strict: bool) -> str | None:
+    library = _library_dirs() if strict else ()
     for frame in source_info_util.user_frames(eqn.source_info.traceback):
-        if frame.file_name.startswith(_REMAT_DIR):
+        if library and frame.file_name.startswith(library):
             continue
         path = frame.file_name
         try:
