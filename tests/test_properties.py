@@ -3,7 +3,8 @@ same values and gradients as the plain program, and its own rewrites pass `remat
 
 The examples per property are few so the suite stays fast on 2 CPU cores (and derandomized,
 so CI is reproducible). For a longer, random sweep: ``HYPOTHESIS_PROFILE=long pytest
-tests/test_properties.py``.
+tests/test_properties.py`` (200 examples per property; ``HYPOTHESIS_MAX_EXAMPLES=N`` sets
+another count).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ settings.register_profile(
     "long", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "remat-ci"))
+if os.environ.get("HYPOTHESIS_MAX_EXAMPLES"):  # e.g. a medium sweep: long profile, 25 examples
+    PROFILE = settings(PROFILE, max_examples=int(os.environ["HYPOTHESIS_MAX_EXAMPLES"]))
 
 STRATEGIES = ("none", "full", "dots", "dots_no_batch", "everything", "names:hidden")
 SCHEDULES = st.one_of(
