@@ -9,10 +9,10 @@ and the initial carry) of ``N`` steps, compares
 - `remat.scan` with ``Nested(2)`` and ``Binomial(s)``, ``s`` the same as Equinox's.
 
 Temp bytes are XLA's `memory_analysis().temp_size_in_bytes` of the compiled gradient; body
-evaluations are counted by a `jax.pure_callback` in the body (in a separately compiled
-copy, so the timed program has no callback); time is the median of ``--repeats`` gradients
-after a warm-up. Writes a table between ``<!-- scan:start -->`` and ``<!-- scan:end -->`` in
-BENCHMARKS.md.
+evaluations are counted by a `jax.pure_callback` in the body (in a separately compiled copy
+with a small carry, so the timed program has no callback); time is the median of
+``--repeats`` gradients after a warm-up, timed round-robin across the methods. Writes a
+table between ``<!-- scan:start -->`` and ``<!-- scan:end -->`` in BENCHMARKS.md.
 
 Run: ``PYTHONPATH=src python benchmarks/scan_bench.py`` (about 3-4 minutes on 2 CPU cores).
 """
@@ -114,27 +114,38 @@ def make_loss(method: str, n: int, width: int, counter: list | None):
     return loss
 
 
-def measure(method: str, n: int, shape: tuple[int, int], repeats: int, count: bool):
+def compile_gradient(method: str, n: int, shape: tuple[int, int]):
+    """The compiled gradient, its arguments and its temp bytes."""
     rows, width = shape
     w = jnp.eye(width) * 0.9 + 0.01
     c0 = jnp.linspace(-1.0, 1.0, rows * width).reshape(rows, width)
     grad = jax.jit(jax.grad(make_loss(method, n, width, None), argnums=(0, 1)))
     compiled = grad.lower(w, c0).compile()
-    temp = compiled.memory_analysis().temp_size_in_bytes
-    jax.block_until_ready(compiled(w, c0))
-    times = []
+    jax.block_until_ready(compiled(w, c0))  # warm-up
+    return compiled, (w, c0), compiled.memory_analysis().temp_size_in_bytes
+
+
+def count_evaluations(method: str, n: int) -> int:
+    """Body evaluations in one gradient (a property of the schedule, not of the carry size,
+    so counted on a small carry)."""
+    counter: list = []
+    width = 8
+    grad = jax.jit(jax.grad(make_loss(method, n, width, counter), argnums=(0, 1)))
+    jax.block_until_ready(grad(jnp.eye(width) * 0.9, jnp.ones((1, width))))
+    jax.effects_barrier()
+    return len(counter)
+
+
+def time_round_robin(compiled: dict, repeats: int) -> dict:
+    """Median seconds per call; each round times every method once, so that load from other
+    processes falls on all methods alike."""
+    times: dict = {m: [] for m in compiled}
     for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(w, c0))
-        times.append(time.perf_counter() - start)
-    evals = None
-    if count:
-        counter: list = []
-        counting = jax.jit(jax.grad(make_loss(method, n, width, counter), argnums=(0, 1)))
-        jax.block_until_ready(counting(w, c0))
-        jax.effects_barrier()
-        evals = len(counter)
-    return temp, evals, statistics.median(times)
+        for method, (fn, args, _) in compiled.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[method].append(time.perf_counter() - start)
+    return {m: statistics.median(t) for m, t in times.items()}
 
 
 def machine() -> str:
@@ -173,17 +184,20 @@ def main() -> None:
 
     console = Console()
     results = {}
-    evals_cache = {}
+    evals = {}
+    for n in args.steps:
+        for method in methods:
+            evals[method, n] = count_evaluations(method, n)
+        console.log(f"N={n}: counted body evaluations")
     for size, shape in CARRIES.items():
         for n in args.steps:
+            compiled = {m: compile_gradient(m, n, shape) for m in methods}
+            seconds = time_round_robin(compiled, args.repeats)
             for method in methods:
-                count = (method, n) not in evals_cache
-                temp, evals, seconds = measure(method, n, shape, args.repeats, count)
-                if count:
-                    evals_cache[method, n] = evals
-                results[size, n, method] = (temp, evals_cache[method, n], seconds)
+                results[size, n, method] = (compiled[method][2], evals[method, n], seconds[method])
                 console.log(
-                    f"{size} N={n} {method}: {temp} B, {evals_cache[method, n]} evals, {seconds * 1e3:.1f} ms"
+                    f"{size} N={n} {method}: {compiled[method][2]} B, {evals[method, n]} evals, "
+                    f"{seconds[method] * 1e3:.2f} ms"
                 )
 
     lines = []
@@ -245,8 +259,8 @@ def main() -> None:
             "Gradient of `sum(scan(c -> tanh(c @ W + 0.1))(c0)**2)` with respect to `W` and "
             "`c0`. *temp* is XLA's compiled temp memory; *body evals* are counted with a "
             "`jax.pure_callback` in the body (recomputations included); time is the median of "
-            f"{args.repeats} gradients after a warm-up. Equinox's `checkpoints=s` and "
-            "`Binomial(s)` are given the same `s`.",
+            f"{args.repeats} gradients after a warm-up, timed round-robin across methods. "
+            "Equinox's `checkpoints=s` and `Binomial(s)` are given the same `s`.",
             *lines,
             "",
             summary,

@@ -165,6 +165,23 @@ def test_vmap_and_kwargs_and_pytree_outputs():
     assert_tree_allclose(g2, jax.grad(lambda ws: f(x, scale=0.5, ws=ws)["ys"][1])(ws), scale=10)
 
 
+def test_traced_once_per_input_structure():
+    calls = []
+
+    def f(x, n):
+        calls.append(x.shape)
+        return lax.scan(lambda c, _: (jnp.sin(c), None), x, length=n)[0]
+
+    f2 = remat.apply(f, "full")
+    f2(jnp.ones(3), 2)
+    f2(jnp.zeros(3), 2)  # same shapes, dtypes and static `n`: no new trace
+    assert calls == [(3,)]
+    f2(jnp.ones(4), 2)
+    f2(jnp.ones(4), 3)  # `n` is a Python int: static, part of the cache key
+    assert calls == [(3,), (4,), (4,)]
+    assert_tree_allclose(f2(jnp.ones(4), 3), f(jnp.ones(4), 3))
+
+
 def test_closed_over_constants_and_scan_consts_and_reverse():
     ws, x = mlp_args()
     bias = jnp.linspace(-1.0, 1.0, D)  # closed over by fn: a constant of the traced program
@@ -199,6 +216,26 @@ def test_scan_inside_jit_cond_and_checkpoint():
     assert count(jax.make_jaxpr(f2)(ws, x).jaxpr, "remat2") == 1 + 2  # outer + one per scan
 
 
+def test_scan_inside_jit_with_shardings_keeps_them():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    sharding = NamedSharding(jax.make_mesh((1,), ("data",)), P("data"))
+
+    @jax.jit
+    def f(ws, x):
+        blocks = jax.jit(mlp, in_shardings=(None, sharding), out_shardings=None)
+        return blocks(ws, x)
+
+    f2 = remat.apply(f, "full")
+    check_twin(f, f2, *mlp_args())
+    jaxpr = jax.make_jaxpr(f2)(*mlp_args()).jaxpr
+    (inner,) = [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "jit"]
+    assert inner.params["name"] == "mlp"
+    assert inner.params["in_shardings"][1] == sharding  # the jit kept its shardings
+    assert count(jaxpr, "remat2") == 1
+
+
 def test_scans_inside_custom_jvp_are_left_alone():
     @jax.custom_jvp
     def g(x):
@@ -226,6 +263,10 @@ def test_list_scans_positions_names_sources():
         (2, "inner", ("dec", "inner"), 2),
     ]
     assert all(s.source.startswith(__file__) for s in scans)
+    shapes = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), two_scans_args()
+    )
+    assert remat.list_scans(two_scans, *shapes) == scans  # shapes suffice, nothing allocated
     lines, first = inspect.getsourcelines(two_scans)
     enc_line = first + next(i for i, line in enumerate(lines) if "lax.scan(enc_body" in line)
     assert scans[0].source.endswith(f":{enc_line}")
@@ -278,6 +319,24 @@ def test_residuals_counted_by_hand():
     assert n_residuals(remat.apply(mlp, "dots"), *args, shape=stacked) == 3
 
 
+def test_names_strategy_saves_the_named_value():
+    """With `a` tagged, "names:a" keeps h and a per layer; everything else is recomputed."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    def tagged(ws, x):
+        def body(h, w):
+            a = checkpoint_name(jnp.sin(h @ w), "a")
+            return jnp.sin(a @ w), None
+
+        return jnp.sum(lax.scan(body, x, ws)[0] ** 2)
+
+    args = mlp_args()
+    f2 = remat.apply(tagged, "names:a")
+    check_twin(tagged, f2, *args)
+    assert n_residuals(f2, *args, shape=(L, B, D)) == 2
+    assert n_residuals(remat.apply(tagged, "names:b"), *args, shape=(L, B, D)) == 1
+
+
 def test_recomputation_counted_in_gradient_jaxpr():
     """Forward 2 dots; backward 2 per dot (for h and for w). "full" recomputes the 2 forward dots
     in the backward scan; "dots" saves them and recomputes only the `sin` between them."""
@@ -319,6 +378,7 @@ def test_schedules_run_through_remat_scan():
     for schedule in ["per_step", remat.Nested(2), remat.Binomial(2)]:
         f2 = remat.apply(mlp, remat.Strategy("full", schedule=schedule))
         check_twin(mlp, f2, ws, x, argnums=(0, 1))
+        assert_tree_allclose(f2(ws, x), mlp(ws, x))  # forward only, no autodiff
         carries[str(schedule)] = [
             leaf.shape[0] for leaf in residuals(f2, ws, x) if leaf.shape[1:] == (B, D)
         ]
@@ -341,6 +401,19 @@ def test_no_scan_checkpoints_whole_function_with_warning():
         check_twin(f, f2, *args)
     assert count(jax.make_jaxpr(f2)(*args).jaxpr, "remat2") == 1  # warned once, above
     assert remat.apply(f, "none") is f  # nothing to do, nothing to warn about
+    with pytest.raises(ValueError, match=r"matches no scan.*scans are: none"):
+        remat.apply(f, remat.Strategy("full", scans=(0,)))(*args)
+
+
+def test_decorator_form():
+    @remat.apply(strategy="full")
+    def f2(ws, x):
+        return mlp(ws, x)
+
+    check_twin(mlp, f2, *mlp_args())
+    assert n_residuals(f2, *mlp_args(), shape=(L, B, D)) == 1
+    with pytest.raises(ValueError, match=r"`remat.apply`.*'fulll'"):
+        remat.apply(strategy="fulll")
 
 
 def test_bad_inputs():
@@ -356,20 +429,19 @@ def test_bad_inputs():
 
 
 def test_rewrite_scans_gives_transform_the_body_jaxpr():
-    """The planner's hook: a transform that evaluates the body jaxpr itself, tagging values."""
+    """The planner's hook: tag the body's matmul outputs and save only those."""
     from jax.ad_checkpoint import checkpoint_name
 
+    seen = []
+
     def transform(info, body):
+        seen.append((info.num_consts, info.num_carry, len(info.jaxpr.jaxpr.invars)))
+
+        def tag(eqn, i, value):
+            return checkpoint_name(value, "dot") if eqn.primitive.name == "dot_general" else value
+
         def tagged(consts, carry, xs):
-            jaxpr, env = info.jaxpr.jaxpr, {}
-            env.update(zip(jaxpr.invars, [*consts, *carry, *xs], strict=True))
-            for eqn in jaxpr.eqns:  # the scan body of `mlp` has no sub-programs
-                out = eqn.primitive.bind(*(env[v] for v in eqn.invars), **eqn.params)
-                if eqn.primitive.name == "dot_general":
-                    out = checkpoint_name(out, "dot")
-                env[eqn.outvars[0]] = out
-            outs = [env[v] for v in jaxpr.outvars]
-            return outs[: info.num_carry], outs[info.num_carry :]
+            return body(consts, carry, xs, tag=tag)
 
         policy = jax.checkpoint_policies.save_only_these_names("dot")
         return jax.checkpoint(tagged, policy=policy, prevent_cse=False)
@@ -377,8 +449,10 @@ def test_rewrite_scans_gives_transform_the_body_jaxpr():
     args = mlp_args()
     f2 = rewrite_scans(mlp, transform)
     check_twin(mlp, f2, *args)
+    assert seen[0] == (0, 1, 2)  # the body jaxpr: inputs consts + carry + xs
     # Like "dots": the carry and the two tagged matmul outputs per layer.
     assert n_residuals(f2, *args, shape=(L, B, D)) == 3
+    assert n_residuals(rewrite_scans(mlp, lambda info, body: None), *args, shape=(L, B, D)) == 4
 
 
 ### Flax linen, Flax NNX and Equinox layer stacks

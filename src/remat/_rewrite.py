@@ -14,23 +14,25 @@ The reusable core, for `apply` and for the planner:
   every scan, where ``body(consts, carry, xs) -> (new_carry, ys)`` (flat lists of arrays)
   evaluates the scan's body jaxpr, with its own scans already rewritten. The transform
   returns a new body with the same signature (e.g. ``jax.checkpoint(body, policy=...)``),
-  or None to leave the scan as it was. A planner that wants to tag values can ignore
-  ``body`` and evaluate ``info.jaxpr`` (whose inputs are ``consts + carry + xs``) itself,
-  wrapping values with `jax.ad_checkpoint.checkpoint_name`. ``loop(info, body, consts,
+  or None to leave the scan as it was. To tag values for a policy, call
+  ``body(consts, carry, xs, tag=tag)``: ``tag(eqn, i, value) -> value`` sees the ``i``-th
+  output of every equation of ``info.jaxpr`` (the body; inputs ``consts + carry + xs``) and
+  may wrap it with `jax.ad_checkpoint.checkpoint_name`; or evaluate ``info.jaxpr`` yourself. ``loop(info, body, consts,
   init, xs) -> (carry, ys)`` replaces `lax.scan` for running a rewritten scan.
 - `apply(fn, strategy)` is `rewrite_scans` with a transform that checkpoints the body.
 
-Positions and names. Scans are numbered 0, 1, ... in depth-first order of appearance: a
-scan comes before the scans in its body, which come before the next scan after it. A scan's
-*name* is the innermost `jax.named_scope` / `jax.named_call` (or `jax.jit`-ed function's
-name) opened between the enclosing scan body (or the program itself) and the scan, or ``""``
-when there is none; ``info.path`` is the full chain of such names from the program's root.
-A string in `remat.Strategy.scans` selects the scans whose ``name`` or ``"/".join(path)``
-equals it. `flax.linen.scan` scans are named after the module that calls them.
+Positions and names (defined in `_scan_info.py`). Scans are numbered 0, 1, ... in
+depth-first order of appearance. A scan's *name* is the innermost `jax.named_scope` /
+`jax.named_call` (or `jax.jit`-ed function's name) opened between the enclosing scan body
+(or the program itself) and the scan, ``""`` if none; ``info.path`` is the chain of such
+names from the program's root. A string in `remat.Strategy.scans` selects the scans whose
+``name`` or ``"/".join(path)`` equals it.
 
 The interpreter looks into the sub-programs of ``jit``, ``closed_call``, ``checkpoint``
-(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again (``jit`` and
-``closed_call`` inline, ``checkpoint`` and ``cond`` with `jax.checkpoint` / `lax.switch`).
+(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again: a ``jit`` is
+bound again with its own parameters (name, shardings, donation) on the rewritten sub-program,
+``closed_call`` is inlined, ``checkpoint`` and ``cond`` are rebuilt with `jax.checkpoint` and
+`lax.switch`.
 Scans inside ``custom_jvp``/``custom_vjp`` functions, ``while_loop`` and ``shard_map`` are left
 alone and not listed: autodiff does not differentiate through them (custom rules, no reverse
 mode) or they are out of this module's scope.
@@ -40,8 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,146 +52,28 @@ from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
+from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
 from ._strategy import Strategy, as_strategy, resolve_policy
 from ._warnings import RematWarning
 
 _P = jcore.primitives
+
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
-
-### Scan discovery
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanInfo:
-    """One ``scan`` equation of a traced program.
-
-    Attributes:
-      position: index in depth-first order of appearance (0 is the first scan).
-      name: innermost named scope between the enclosing scan body (or the program) and
-        this scan, ``""`` if none.
-      path: all named scopes from the program's root to this scan, outermost first.
-      length: number of steps.
-      reverse: whether the scan runs from the last step to the first.
-      unroll: the scan's unroll factor.
-      num_consts: number of loop-invariant inputs (closed-over values such as weights).
-      num_carry: number of carried values.
-      source: ``"file:line"`` of the user code that made the scan, ``""`` if unknown.
-      jaxpr: the scan body as a `ClosedJaxpr`; inputs ``consts + carry + xs``, outputs
-        ``new_carry + ys``.
-    """
-
-    position: int
-    name: str
-    path: tuple[str, ...]
-    length: int
-    reverse: bool
-    unroll: int
-    num_consts: int
-    num_carry: int
-    source: str
-    jaxpr: jcore.ClosedJaxpr = dataclasses.field(repr=False, compare=False)
-
-
-def _scopes(eqn) -> tuple[str, ...]:
-    return tuple(
-        s.name for s in eqn.source_info.name_stack.stack if isinstance(s, source_info_util.Scope)
-    )
-
-
-def _library_dirs() -> tuple[str, ...]:
-    """Package directories whose frames are not the user's: remat's own, flax's, equinox's."""
-    dirs = [os.path.dirname(__file__)]
-    for name in ("flax", "equinox"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(module.__file__))
-    return tuple(d + os.sep for d in dirs)
-
-
-def _source(eqn) -> str:
-    frames = list(source_info_util.user_frames(eqn.source_info.traceback))
-    library = _library_dirs()
-    outside = [f for f in frames if not f.file_name.startswith(library)]
-    frame = (outside or frames or [None])[0]
-    return "" if frame is None else f"{frame.file_name}:{frame.start_line}"
-
-
-def _scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
-    p = eqn.params
-    own = rel + _scopes(eqn)
-    return ScanInfo(
-        position=position,
-        name=own[-1] if own else "",
-        path=path + _scopes(eqn),
-        length=int(p["length"]),
-        reverse=bool(p["reverse"]),
-        unroll=int(p["unroll"]),
-        num_consts=int(p["num_consts"]),
-        num_carry=int(p["num_carry"]),
-        source=_source(eqn),
-        jaxpr=p["jaxpr"],
-    )
-
-
-def _sub_jaxprs(eqn) -> list[jcore.Jaxpr]:
-    """The sub-programs the interpreter looks into (see the module docstring)."""
-    prim, p = eqn.primitive, eqn.params
-    if prim is _P.scan_p or prim is _P.jit_p:
-        return [p["jaxpr"].jaxpr]
-    if prim is _P.closed_call_p:
-        return [p["call_jaxpr"].jaxpr]
-    if prim is _P.call_p:
-        return [p["call_jaxpr"]]
-    if prim is _P.remat_p:
-        return [p["jaxpr"]]
-    if prim is _P.cond_p:
-        return [b.jaxpr for b in p["branches"]]
-    return []
-
-
-def _count(jaxpr: jcore.Jaxpr, memo: dict[int, int]) -> int:
-    """Number of scans in ``jaxpr``, nested ones included."""
-    key = id(jaxpr)
-    if key not in memo:
-        memo[key] = sum(
-            (eqn.primitive is _P.scan_p) + sum(_count(j, memo) for j in _sub_jaxprs(eqn))
-            for eqn in jaxpr.eqns
-        )
-    return memo[key]
-
-
-def _walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is _P.scan_p:
-            info = _scan_info(eqn, base, path, rel)
-            out.append(info)
-            _walk(info.jaxpr.jaxpr, base + 1, info.path, (), out, memo)
-        else:
-            inner_path, inner_rel = _inner_scope(eqn, path, rel)
-            b = base
-            for sub in _sub_jaxprs(eqn):
-                _walk(sub, b, inner_path, inner_rel, out, memo)
-                b += _count(sub, memo)
-        base += _count_eqn(eqn, memo)
-
-
-def _count_eqn(eqn, memo) -> int:
-    return (eqn.primitive is _P.scan_p) + sum(_count(j, memo) for j in _sub_jaxprs(eqn))
-
-
-def _inner_scope(eqn, path, rel):
-    """The scope path inside a non-scan sub-program (a jit adds its function's name)."""
-    scopes = _scopes(eqn)
-    if eqn.primitive is _P.jit_p:
-        scopes = (*scopes, eqn.params["name"])
-    return path + scopes, rel + scopes
 
 
 ### Tracing
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, jax.Array | np.ndarray | np.generic)
+    """Array leaves are traced; every other leaf (Python numbers, strings, ...) is static."""
+    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
+
+
+def _aval(x) -> tuple[Any, ...]:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.shape, x.dtype, bool(getattr(x, "weak_type", False))
+    aval = jax.typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,10 +86,8 @@ class _Traced:
 def _split_args(args, kwargs):
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     dynamic = [x for x in leaves if _is_array(x)]
-    avals = tuple(
-        (jax.typeof(x).shape, jax.typeof(x).dtype, jax.typeof(x).weak_type) for x in dynamic
-    )
-    static = tuple(None if _is_array(x) else x for x in leaves)
+    avals = tuple(_aval(x) for x in dynamic)
+    static = tuple(None if _is_array(x) else (type(x), x) for x in leaves)
     return leaves, treedef, dynamic, (treedef, static, avals)
 
 
@@ -221,15 +101,12 @@ def _trace(fn, leaves, treedef) -> _Traced:
         return fn(*args, **kwargs)
 
     specs = [
-        jax.ShapeDtypeStruct(
-            jax.typeof(x).shape, jax.typeof(x).dtype, weak_type=jax.typeof(x).weak_type
-        )
-        for x, d in zip(leaves, is_dyn, strict=True)
-        if d
+        jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+        for shape, dtype, weak in (_aval(x) for x, d in zip(leaves, is_dyn, strict=True) if d)
     ]
     closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
     scans: list[ScanInfo] = []
-    _walk(closed.jaxpr, 0, (), (), scans, {})
+    walk(closed.jaxpr, 0, (), (), scans, {})
     return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
 
 
@@ -277,7 +154,7 @@ def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanIn
 
     Args:
       fn: the function; it is traced, not run.
-      *args: positional arguments (arrays or `jax.ShapeDtypeStruct`-like arrays).
+      *args: positional arguments: arrays, or `jax.ShapeDtypeStruct` to avoid allocating.
       **kwargs: keyword arguments.
 
     Returns:
@@ -307,7 +184,11 @@ Loop = Callable[[ScanInfo, Body, list[Any], list[Any], list[Any]], tuple[list[An
 
 
 def lax_loop(info: ScanInfo, body: Body, consts, init, xs):
-    """Runs ``body`` with `lax.scan` and the scan's own length, direction and unroll."""
+    """Runs ``body`` with `lax.scan` and the scan's own length, direction and unroll.
+
+    JAX 0.10's ``scan`` equation has no ``_split_transpose`` parameter (`lax.scan` accepts the
+    argument and ignores it), so there is nothing else to carry over.
+    """
 
     def step(carry, x):
         return body(consts, carry, x)
@@ -323,7 +204,7 @@ class _Interpreter:
     loop: Loop
     memo: dict[int, int]
 
-    def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel) -> list[Any]:
+    def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel, tag=None) -> list[Any]:
         env: dict[Any, Any] = {}
 
         def read(v):
@@ -341,9 +222,11 @@ class _Interpreter:
                 eqn.ctx.manager,
             ):
                 outs = self.eval_eqn(eqn, invals, base, path, rel)
-            base += _count_eqn(eqn, self.memo)
+            base += count_eqn(eqn, self.memo)
             if not eqn.primitive.multiple_results:
                 outs = [outs]
+            if tag is not None:
+                outs = [tag(eqn, i, x) for i, x in enumerate(outs)]
             for v, x in zip(eqn.outvars, outs, strict=True):
                 if not isinstance(v, jcore.DropVar):
                     env[v] = x
@@ -351,18 +234,22 @@ class _Interpreter:
 
     def eval_eqn(self, eqn, invals, base, path, rel):
         prim, params = eqn.primitive, eqn.params
-        subs = _sub_jaxprs(eqn)
+        subs = sub_jaxprs(eqn)
         if prim is _P.scan_p:
             return self.eval_scan(eqn, invals, base, path, rel)
-        if not subs or not any(_count(j, self.memo) for j in subs):
+        if not subs or not any(count(j, self.memo) for j in subs):
             return prim.bind(*invals, **prim.get_bind_params(params))
-        inner_path, inner_rel = _inner_scope(eqn, path, rel)
+        inner_path, inner_rel = inner_scope(eqn, path, rel)
 
         def run(j, consts, b):
             return lambda *a: self.eval(j, consts, a, b, inner_path, inner_rel)
 
-        if prim is _P.jit_p or prim is _P.closed_call_p:
-            closed = params.get("jaxpr", params.get("call_jaxpr"))
+        if prim is _P.jit_p:  # the same jit (name, shardings, donation) on the rewritten program
+            closed = params["jaxpr"]
+            new = jax.make_jaxpr(run(closed.jaxpr, closed.consts, base))(*closed.in_avals)
+            return prim.bind(*invals, **dict(params, jaxpr=new))
+        if prim is _P.closed_call_p:
+            closed = params["call_jaxpr"]
             return run(closed.jaxpr, closed.consts, base)(*invals)
         if prim is _P.call_p:
             return run(params["call_jaxpr"], (), base)(*invals)
@@ -375,17 +262,17 @@ class _Interpreter:
         fns, b = [], base
         for branch in params["branches"]:
             fns.append(run(branch.jaxpr, branch.consts, b))
-            b += _count(branch.jaxpr, self.memo)
+            b += count(branch.jaxpr, self.memo)
         return lax.switch(invals[0], fns, *invals[1:])
 
     def eval_scan(self, eqn, invals, base, path, rel):
-        info = _scan_info(eqn, base, path, rel)
+        info = scan_info(eqn, base, path, rel)
         closed = info.jaxpr
-        n_inner = _count(closed.jaxpr, self.memo)
+        n_inner = count(closed.jaxpr, self.memo)
 
-        def body(consts, carry, xs):
+        def body(consts, carry, xs, tag=None):
             outs = self.eval(
-                closed.jaxpr, closed.consts, [*consts, *carry, *xs], base + 1, info.path, ()
+                closed.jaxpr, closed.consts, [*consts, *carry, *xs], base + 1, info.path, (), tag
             )
             return list(outs[: info.num_carry]), list(outs[info.num_carry :])
 
@@ -406,8 +293,9 @@ def rewrite_scans(
     Args:
       fn: the function to rewrite; any pytree arguments and outputs.
       transform: called once per scan (at each trace) with its `ScanInfo` and
-        ``body(consts, carry, xs) -> (new_carry, ys)``; returns a new body, or None to
-        keep the scan as it was.
+        ``body(consts, carry, xs, tag=None) -> (new_carry, ys)`` (see the module
+        docstring for ``tag``); returns a new ``(consts, carry, xs)`` body, or None to keep
+        the scan as it was.
       loop: runs a rewritten scan: ``loop(info, body, consts, init, xs) -> (carry, ys)``;
         default `lax_loop` (`lax.scan` with the scan's length, reverse and unroll).
 
@@ -473,7 +361,7 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
     return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
 
 
-def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
+def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callable[..., Any]:
     """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
 
     ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
@@ -489,7 +377,9 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
       fn: the function; pytree arguments, keyword arguments and pytree outputs.
       strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
         ``"everything"``, ``"names:a,b"``, ``"offload:a,b"``), a policy callable, or a
-        `remat.Strategy`. ``"none"`` leaves the scans as they are.
+        `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
+        as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
+        ``remat.apply(strategy=...)`` is a decorator.
 
     Returns:
       A function with ``fn``'s signature and output structure, whose values and gradients
@@ -510,6 +400,9 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
       >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
       True
     """
+    if fn is None:
+        as_strategy(strategy, "remat.apply")  # validate now, not when decorating
+        return functools.partial(apply, strategy=strategy)
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
     strategy = as_strategy(strategy, "remat.apply")
@@ -549,6 +442,7 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
 
     def evaluator(traced: _Traced):
         closed = traced.jaxpr
+        select = _selector(strategy, traced.scans, name)  # raises for a selection of nothing
         if not traced.scans:
             interp = _Interpreter(lambda info, body: None, lax_loop, {})
 
@@ -560,7 +454,7 @@ def apply(fn: Callable[..., Any], strategy: Any) -> Callable[..., Any]:
             # Warned once per input structure, when `fn2` first sees it.
             warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=4)
             return jax.checkpoint(whole, policy=policy, prevent_cse=True)
-        transform, loop = transform_for(_selector(strategy, traced.scans, name))
+        transform, loop = transform_for(select)
 
         def evaluate(*dynamic):
             interp = _Interpreter(transform, loop, {})

@@ -19,6 +19,7 @@ pass, so its memory is O(N) carries. The schedules here trade recomputation for 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -153,20 +154,39 @@ def _scan_length(xs: Any, length: Any) -> int:
 # Nested
 
 
+# An exact factorisation of N (no remainder block) is preferred when its sum of lengths is
+# within this factor of the best one with a remainder: a remainder block slices ``xs`` (and
+# concatenates the cotangent of ``xs``), which copies them; for a layer stack, whose ``xs``
+# are the weights, that copy can cost more than the few extra carries.
+_EXACT_SLACK = 1.25
+
+
 def nested_lengths(n: int, levels: int) -> tuple[int, ...]:
-    """Block lengths (outermost first) for `Nested`: each about ``n ** (1/levels)``.
+    """Block lengths (outermost first) that `Nested` picks for ``n`` steps.
 
     A `Nested` scan keeps about ``sum(lengths)`` carries; under ``prod(lengths) >= n`` that
-    sum is least when the lengths are equal, so each is the ceiling of the ``levels``-th root
-    of ``n``, then trimmed (outermost first) while the product still covers ``n``.
+    sum is least when the lengths are equal, each about ``n ** (1/levels)``: the ceiling of
+    the root, trimmed (outermost first) while the product still covers ``n``; steps beyond
+    the last whole block run as a shorter remainder block, so any ``n`` works, primes
+    included. When ``n`` factors exactly into lengths whose sum is within 25% of that, the
+    exact factorisation (largest length outermost) is used instead, which avoids copying
+    ``xs`` into a remainder block.
 
     Example:
       >>> from remat._scan import nested_lengths
-      >>> nested_lengths(1000, 2), nested_lengths(97, 2), nested_lengths(4096, 3)
-      ((32, 32), (10, 10), (16, 16, 16))
+      >>> nested_lengths(1024, 2), nested_lengths(97, 2), nested_lengths(128, 2)
+      ((32, 32), (10, 10), (16, 8))
     """
+    even = _even_lengths(n, levels)
+    exact = _exact_lengths(max(n, 1), levels)
+    if sum(exact) <= _EXACT_SLACK * sum(even):
+        return exact
+    return even
+
+
+def _even_lengths(n: int, levels: int) -> tuple[int, ...]:
     if levels == 1 or n <= 1:
-        return (max(n, 1),) * levels if levels == 1 else (1,) * (levels - 1) + (max(n, 1),)
+        return (max(n, 1),) + (1,) * (levels - 1)
     root = max(1, round(n ** (1 / levels)))
     while root**levels < n:
         root += 1
@@ -177,6 +197,20 @@ def nested_lengths(n: int, levels: int) -> tuple[int, ...]:
         while lengths[i] > 1 and math.prod(lengths) // lengths[i] * (lengths[i] - 1) >= n:
             lengths[i] -= 1
     return tuple(lengths)
+
+
+@functools.cache
+def _exact_lengths(n: int, levels: int) -> tuple[int, ...]:
+    """Lengths, largest first, with product exactly ``n`` and the least sum."""
+    if levels == 1:
+        return (n,)
+    divisors = {d for k in range(1, math.isqrt(n) + 1) if n % k == 0 for d in (k, n // k)}
+    best = (n, *(1,) * (levels - 1))
+    for outer in sorted(divisors):
+        inner = _exact_lengths(n // outer, levels - 1)
+        if outer >= inner[0] and outer + sum(inner) < sum(best):
+            best = (outer, *inner)
+    return best
 
 
 def _nested_scan(step, init, xs, n: int, lengths: tuple[int, ...], reverse: bool):
@@ -194,7 +228,8 @@ def _nested_scan(step, init, xs, n: int, lengths: tuple[int, ...], reverse: bool
         return jax.checkpoint(body, prevent_cse=False)
 
     def split(a):
-        return a[: full * block].reshape(full, block, *a.shape[1:]), a[full * block :]
+        head = a if not rest else lax.slice_in_dim(a, 0, full * block)
+        return head.reshape(full, block, *a.shape[1:]), lax.slice_in_dim(a, full * block, n)
 
     pairs = jax.tree_util.tree_map(split, xs)
     is_pair = lambda p: isinstance(p, tuple) and len(p) == 2 and not isinstance(p[0], tuple)  # noqa: E731

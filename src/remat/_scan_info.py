@@ -1,0 +1,154 @@
+"""The scans of a traced program: `ScanInfo`, their positions, names and source lines.
+
+Positions. Scans are numbered 0, 1, ... in depth-first order of appearance: a scan comes
+before the scans in its body, which come before the next scan after it.
+
+Names. A scan's *name* is the innermost `jax.named_scope` / `jax.named_call` (or `jax.jit`-ed
+function's name) opened between the enclosing scan body (or the program itself) and the
+scan, or ``""`` when there is none; ``path`` is the full chain of such names from the
+program's root, outermost first. `flax.linen.scan` scans are named after the module that
+calls them.
+
+Only the sub-programs of ``scan``, ``jit``, ``closed_call``/``call``, ``checkpoint`` and
+``cond`` are looked into (`sub_jaxprs`); `_rewrite.py` rewrites exactly those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from jax._src import source_info_util
+from jax.extend import core as jcore
+
+_P = jcore.primitives
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanInfo:
+    """One ``scan`` equation of a traced program.
+
+    Attributes:
+      position: index in depth-first order of appearance (0 is the first scan).
+      name: innermost named scope between the enclosing scan body (or the program) and
+        this scan, ``""`` if none.
+      path: all named scopes from the program's root to this scan, outermost first.
+      length: number of steps.
+      reverse: whether the scan runs from the last step to the first.
+      unroll: the scan's unroll factor.
+      num_consts: number of loop-invariant inputs (closed-over values such as weights).
+      num_carry: number of carried values.
+      source: ``"file:line"`` of the user code that made the scan, ``""`` if unknown.
+      jaxpr: the scan body as a `ClosedJaxpr`; inputs ``consts + carry + xs``, outputs
+        ``new_carry + ys``.
+    """
+
+    position: int
+    name: str
+    path: tuple[str, ...]
+    length: int
+    reverse: bool
+    unroll: int
+    num_consts: int
+    num_carry: int
+    source: str
+    jaxpr: jcore.ClosedJaxpr = dataclasses.field(repr=False, compare=False)
+
+
+def scopes(eqn) -> tuple[str, ...]:
+    """The named scopes (not the transformation names) of an equation's own name stack."""
+    return tuple(
+        s.name for s in eqn.source_info.name_stack.stack if isinstance(s, source_info_util.Scope)
+    )
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Package directories whose frames are not the user's: remat's own, flax's, equinox's."""
+    dirs = [os.path.dirname(__file__)]
+    for name in ("flax", "equinox"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(module.__file__))
+    return tuple(d + os.sep for d in dirs)
+
+
+def _source(eqn) -> str:
+    frames = list(source_info_util.user_frames(eqn.source_info.traceback))
+    library = _library_dirs()
+    outside = [f for f in frames if not f.file_name.startswith(library)]
+    frame = (outside or frames or [None])[0]
+    return "" if frame is None else f"{frame.file_name}:{frame.start_line}"
+
+
+def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
+    p = eqn.params
+    own = rel + scopes(eqn)
+    return ScanInfo(
+        position=position,
+        name=own[-1] if own else "",
+        path=path + scopes(eqn),
+        length=int(p["length"]),
+        reverse=bool(p["reverse"]),
+        unroll=int(p["unroll"]),
+        num_consts=int(p["num_consts"]),
+        num_carry=int(p["num_carry"]),
+        source=_source(eqn),
+        jaxpr=p["jaxpr"],
+    )
+
+
+def sub_jaxprs(eqn) -> list[jcore.Jaxpr]:
+    """The sub-programs the interpreter looks into (see the module docstring)."""
+    prim, p = eqn.primitive, eqn.params
+    if prim is _P.scan_p or prim is _P.jit_p:
+        return [p["jaxpr"].jaxpr]
+    if prim is _P.closed_call_p:
+        return [p["call_jaxpr"].jaxpr]
+    if prim is _P.call_p:
+        return [p["call_jaxpr"]]
+    if prim is _P.remat_p:
+        return [p["jaxpr"]]
+    if prim is _P.cond_p:
+        return [b.jaxpr for b in p["branches"]]
+    return []
+
+
+def count(jaxpr: jcore.Jaxpr, memo: dict[int, int]) -> int:
+    """Number of scans in ``jaxpr``, nested ones included."""
+    key = id(jaxpr)
+    if key not in memo:
+        memo[key] = sum(
+            (eqn.primitive is _P.scan_p) + sum(count(j, memo) for j in sub_jaxprs(eqn))
+            for eqn in jaxpr.eqns
+        )
+    return memo[key]
+
+
+def walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
+    """Appends to ``out`` the scans of ``jaxpr``, numbered from ``base``, depth first."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is _P.scan_p:
+            info = scan_info(eqn, base, path, rel)
+            out.append(info)
+            walk(info.jaxpr.jaxpr, base + 1, info.path, (), out, memo)
+        else:
+            inner_path, inner_rel = inner_scope(eqn, path, rel)
+            b = base
+            for sub in sub_jaxprs(eqn):
+                walk(sub, b, inner_path, inner_rel, out, memo)
+                b += count(sub, memo)
+        base += count_eqn(eqn, memo)
+
+
+def count_eqn(eqn, memo) -> int:
+    """Number of scans an equation is or contains."""
+    return (eqn.primitive is _P.scan_p) + sum(count(j, memo) for j in sub_jaxprs(eqn))
+
+
+def inner_scope(eqn, path, rel):
+    """The scope path inside a non-scan sub-program (a jit adds its function's name)."""
+    names = scopes(eqn)
+    if eqn.primitive is _P.jit_p:
+        names = (*names, eqn.params["name"])
+    return path + names, rel + names
