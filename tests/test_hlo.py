@@ -75,6 +75,24 @@ def test_nested_scans_multiply_trip_counts():
     assert hlo_flops(text) == outer * inner * LAYER
 
 
+# b, d >= 2: XLA rewrites a contraction of size 1 (e.g. the outer product dW = y^T g for
+# b = 1) as elementwise work, which is not counted
+@pytest.mark.parametrize(
+    "outer, inner, b, d, grad", [(2, 3, 2, 3, False), (3, 2, 3, 2, True), (1, 4, 2, 5, True)]
+)
+def test_nested_scan_flops_property(outer, inner, b, d, grad):
+    def nested(ws, x):
+        def block(y, w_block):
+            return lax.scan(lambda z, w: (jnp.sin(z @ w), None), y, w_block)[0], None
+
+        return jnp.sum(lax.scan(block, x, ws)[0])
+
+    fn = jax.grad(nested, argnums=(0, 1)) if grad else nested
+    text = compiled_text(fn, jnp.ones((outer, inner, d, d)), jnp.ones((b, d)))
+    # forward: one (b, d) @ (d, d) per layer; gradient: that plus dW and dx per layer
+    assert hlo_flops(text) == (3 if grad else 1) * outer * inner * 2 * b * d * d
+
+
 def test_trip_count_from_loop_condition_without_backend_config(args):
     text = compiled_text(layers, *args)
     stripped = re.sub(r', backend_config=\{[^\n]*"known_trip_count"[^\n]*\}', "", text)

@@ -288,3 +288,15 @@ def test_strategy_on_a_program_without_scan_is_eliminated_on_cpu(args):
         m = remat.measure(unrolled, *args, strategy="full", repeats=0)
     assert m.recompute_requested and m.recompute_eliminated
     assert any("compiled program contains none" in str(w.message) for w in record)
+
+
+def test_abstract_arguments_are_measured_without_running(args, full):
+    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    m = remat.measure(relu_layers_full, *abstract, repeats=0)
+    assert (m.flops, m.peak_bytes, m.residual_bytes) == (
+        full.flops,
+        full.peak_bytes,
+        full.residual_bytes,
+    )
+    with pytest.raises(TypeError, match=r"`remat\.measure`.*repeats=0"):
+        remat.measure(relu_layers_full, *abstract, repeats=1)

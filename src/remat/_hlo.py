@@ -300,7 +300,9 @@ def hlo_flops(hlo_text: str) -> float:
     that dots and convolutions become on GPU are counted the same way. Each count is
     multiplied by the trip counts of all enclosing ``while`` loops (``known_trip_count`` from
     the loop's backend config, else the loop condition's comparison against a constant);
-    a conditional counts its most expensive branch. Elementwise work is not counted.
+    a conditional counts its most expensive branch. Elementwise work is not counted, nor is
+    a matmul that XLA rewrote as elementwise work (a contraction of size 1, such as an outer
+    product).
 
     Args:
       hlo_text: the optimised HLO of a compiled program, ``compiled.as_text()``.

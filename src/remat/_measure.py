@@ -46,6 +46,10 @@ _NOT_SCALAR = (
     "`remat.measure` needs a scalar-valued (loss) function, but fn returned {got}. Reduce the "
     "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
 )
+_ABSTRACT_TIMED = (
+    "`remat.measure` got a `jax.ShapeDtypeStruct` at {path} with repeats={repeats}; abstract "
+    "arguments can be compiled and measured but not run. Pass repeats=0, or real arrays."
+)
 _BAD_ARGNUMS = (
     "`remat.measure` got argnums={argnums!r} for {n} positional argument(s); pass an int or a "
     "tuple of ints in range(0, {n}), as for `jax.grad`."
@@ -69,16 +73,17 @@ _CAUSE_OTHER = (
 )
 _SCALARS = (int, float, complex, bool, np.generic, np.ndarray, jax.Array)
 
-# Compiled gradient FLOPs of plain programs, so that measuring several strategies of one
-# function (as `remat.compare` does) compiles the plain twin once. Keyed by the function
-# object, argnums, backend and the arguments' structure, shapes and dtypes; a few entries.
-_PLAIN_FLOPS: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
-_PLAIN_FLOPS_SIZE = 16
+# Compiled FLOPs of plain gradient steps and of forward passes, so that measuring several
+# strategies of one function (as `remat.compare` does) compiles the plain twin and the forward
+# pass once. Keyed by the function object, what was compiled ("forward" or argnums), the
+# backend and the arguments' structure, shapes and dtypes; a few entries.
+_FLOPS_MEMO: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+_MEMO_SIZE = 16
 
 
-def _plain_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
+def _memo_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    avals = tuple((np.shape(x), str(jax.numpy.result_type(x))) for x in leaves)
+    avals = tuple((tuple(np.shape(x)), str(_dtype(x))) for x in leaves)
     key = (fn, argnums, jax.default_backend(), treedef, avals)
     try:
         hash(key)
@@ -87,13 +92,13 @@ def _plain_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | 
     return key
 
 
-def _remember_plain(key: tuple[Any, ...] | None, flops: float) -> None:
+def _remember(key: tuple[Any, ...] | None, flops: float) -> None:
     if key is None:
         return
-    _PLAIN_FLOPS[key] = flops
-    _PLAIN_FLOPS.move_to_end(key)
-    while len(_PLAIN_FLOPS) > _PLAIN_FLOPS_SIZE:
-        _PLAIN_FLOPS.popitem(last=False)
+    _FLOPS_MEMO[key] = flops
+    _FLOPS_MEMO.move_to_end(key)
+    while len(_FLOPS_MEMO) > _MEMO_SIZE:
+        _FLOPS_MEMO.popitem(last=False)
 
 
 ### Memory
@@ -181,7 +186,12 @@ def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: in
 ### Validation
 
 
-def _check_args(args: Sequence[Any], argnums: Any) -> tuple[int, ...]:
+def _dtype(leaf: Any) -> Any:
+    dtype = getattr(leaf, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else jax.numpy.result_type(leaf)
+
+
+def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
     n = len(args)
     argnums_t = (argnums,) if isinstance(argnums, int) else argnums
     if (
@@ -191,12 +201,15 @@ def _check_args(args: Sequence[Any], argnums: Any) -> tuple[int, ...]:
     ):
         raise ValueError(_BAD_ARGNUMS.format(argnums=argnums, n=n))
     for path, leaf in jax.tree_util.tree_leaves_with_path(args):
-        if not isinstance(leaf, _SCALARS):
-            where = "args" + jax.tree_util.keystr(path)
+        where = "args" + jax.tree_util.keystr(path)
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            if repeats:
+                raise TypeError(_ABSTRACT_TIMED.format(path=where, repeats=repeats))
+        elif not isinstance(leaf, _SCALARS):
             raise TypeError(_NOT_ARRAY.format(kind=type(leaf).__name__, path=where))
     for i in argnums_t:
         for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
-            dtype = jax.numpy.result_type(leaf)
+            dtype = _dtype(leaf)
             if not np.issubdtype(dtype, np.inexact):
                 where = f"args[{i}]" + jax.tree_util.keystr(path)
                 raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
@@ -242,7 +255,8 @@ def measure(
     step of a scan of length ``N`` counts ``N`` times, nested scans multiply); FLOPs from the
     optimised HLO, counting every matmul (``dot``) and convolution, multiplied by the trip
     counts of the loops around it. **Elementwise work is not counted** in ``flops`` or
-    ``forward_flops``. ``forward_flops`` is the same count for ``jax.jit(fn)`` alone.
+    ``forward_flops``. ``forward_flops`` is the same count for ``jax.jit(fn)`` alone (a
+    checkpoint changes nothing in a pass without a backward pass).
 
     ``recompute_requested`` is True when a `jax.checkpoint` in the traced program has a
     policy that does not save everything. ``recompute_eliminated`` is True when, moreover,
@@ -253,7 +267,9 @@ def measure(
 
     Args:
       fn: a function returning a scalar (the loss).
-      *args: its arguments: arrays or pytrees of arrays.
+      *args: its arguments: arrays or pytrees of arrays. With ``repeats=0`` they may be
+        `jax.ShapeDtypeStruct` s: the step is compiled and measured but never run, so
+        programs too large to run here can still be measured.
       argnums: which positional arguments to differentiate, as in `jax.grad`.
       strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
         strategy `remat.apply` takes). None measures ``fn`` as written.
@@ -288,7 +304,7 @@ def measure(
         raise TypeError(_NOT_CALLABLE.format(got=fn))
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
         raise ValueError(_BAD_REPEATS.format(got=repeats))
-    argnums_t = _check_args(args, argnums)
+    argnums_t = _check_args(args, argnums, repeats)
     argnums = argnums if isinstance(argnums, int) else argnums_t
 
     if strategy is None:
@@ -306,26 +322,32 @@ def measure(
     compile_seconds = time.perf_counter() - start
     memory = measure_compiled(compiled)
     flops = hlo_flops(compiled.as_text())
-    forward_flops = hlo_flops(jax.jit(target).lower(*args).compile().as_text())
+    # Checkpoints change nothing in a pass without a backward pass, so the forward FLOPs of
+    # any strategy are those of `fn` itself.
+    forward_key = _memo_key(fn, "forward", args)
+    forward_flops = _FLOPS_MEMO.get(forward_key) if forward_key is not None else None
+    if forward_flops is None:
+        forward_flops = hlo_flops(jax.jit(fn).lower(*args).compile().as_text())
+        _remember(forward_key, forward_flops)
     residuals = saved_residuals(target, *args, argnums=argnums)
 
     requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
     eliminated, plain_flops = False, None
     if not requested:
-        _remember_plain(_plain_key(target, argnums, args), flops)
+        _remember(_memo_key(target, argnums, args), flops)
     else:
-        key = _plain_key(plain if plain is not None else target, argnums, args)
+        key = _memo_key(plain if plain is not None else target, argnums, args)
         if plain is None:
             plain, key = strip_checkpoints(target), key and (*key, "stripped")
         plain_step = jax.value_and_grad(plain, argnums)
         traced = traced_dot_flops(jax.make_jaxpr(step)(*args).jaxpr)
         traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
         if traced > traced_plain:
-            plain_flops = _PLAIN_FLOPS.get(key) if key is not None else None
+            plain_flops = _FLOPS_MEMO.get(key) if key is not None else None
             if plain_flops is None:
                 compiled_plain = jax.jit(plain_step).lower(*args).compile()
                 plain_flops = hlo_flops(compiled_plain.as_text())
-                _remember_plain(key, plain_flops)
+                _remember(key, plain_flops)
             eliminated = flops <= plain_flops
     backend = jax.default_backend()
     if eliminated:
