@@ -14,7 +14,7 @@ with a small carry, so the timed program has no callback); time is the median of
 ``--repeats`` gradients after a warm-up, timed round-robin across the methods. Writes a
 table between ``<!-- scan:start -->`` and ``<!-- scan:end -->`` in BENCHMARKS.md.
 
-Run: ``PYTHONPATH=src python benchmarks/scan_bench.py`` (about 3-4 minutes on 2 CPU cores).
+Run: ``PYTHONPATH=src python benchmarks/scan_bench.py`` (about 9 minutes wall, 2.5 minutes CPU, on 2 shared CPU cores).
 """
 
 from __future__ import annotations

@@ -244,6 +244,8 @@ def test_errors_name_remat_scan():
         remat.scan(step, 0.0, xs, policy="bogus")
     with pytest.raises(TypeError, match=r"`remat.scan` got a body whose output carry"):
         remat.scan(lambda c, x: (jnp.stack([c, x]), c), 0.0, xs, schedule=remat.Binomial(2))
+    with pytest.raises(TypeError, match=r"`remat.scan` got a body whose output carry"):
+        remat.scan(step, jnp.int32(0), xs, schedule=remat.Binomial(2))  # int32 -> float32
 
 
 def test_zero_length_scan_is_plain():

@@ -92,6 +92,10 @@ def scan(
     Returns:
       ``(carry, ys)`` as `jax.lax.scan` returns them.
 
+    `Binomial` defines the gradient with `jax.custom_vjp`: it supports reverse mode
+    (`jax.grad`, `jax.vjp`) under `jax.jit` and `jax.vmap`, but not forward mode
+    (`jax.jvp`) nor a second reverse pass through its backward pass.
+
     Raises:
       ValueError: for an unknown schedule or policy, ``xs``/``length`` that disagree, or
         `Nested` lengths whose product is less than the number of steps.
@@ -323,12 +327,13 @@ def _binomial_scan(f, init, xs, n: int, reverse: bool, snapshots: int, policy: A
     init = jax.tree_util.tree_map(jnp.asarray, init)
     carry_shape, _ = jax.eval_shape(f, init, x0)
     if jax.tree_util.tree_structure(carry_shape) != jax.tree_util.tree_structure(init) or any(
-        a.shape != b.shape
+        a.shape != b.shape or (a.dtype != b.dtype and not jax.typeof(b).weak_type)
         for a, b in zip(
             jax.tree_util.tree_leaves(carry_shape), jax.tree_util.tree_leaves(init), strict=True
         )
     ):
         raise TypeError(_CARRY_MISMATCH.format(out=carry_shape, inp=init))
+    # Weakly typed initial carries (Python scalars) take the body's dtype, as in `lax.scan`.
     init = jax.tree_util.tree_map(lambda a, s: a.astype(s.dtype), init, carry_shape)
     converted, consts = jax.closure_convert(f, init, x0)
     c_tree = jax.tree_util.tree_structure(init)
