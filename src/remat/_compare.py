@@ -93,9 +93,9 @@ def compare(
       ...     h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, w)
       ...     return jnp.sum(h**2)
       >>> w, x = jnp.ones((4, 8, 8)) * 0.1, jnp.ones((2, 8))
-      >>> report = remat.compare(loss, w, x, strategies=["full", "dots"], repeats=1)
-      >>> report.labels
-      ('none', 'full', 'dots')
+      >>> report = remat.compare(loss, w, x, strategies=["full"], repeats=0)
+      >>> report.labels, report.baseline
+      (('none', 'full'), 'none')
     """
     from ._measure import measure
 

@@ -141,7 +141,7 @@ def make_gpt(
       (2, 9)
       >>> params["blocks"]["qkv"]["kernel"].shape
       (2, 16, 48)
-      >>> bool(jax.numpy.isfinite(loss_fn(params, tokens)))
+      >>> bool(jax.numpy.isfinite(jax.jit(loss_fn)(params, tokens)))
       True
     """
     if heads < 1 or d_model < 1 or d_model % heads:

@@ -31,7 +31,7 @@ _OTHER_COLOR = "#7f7f7f"
 _EXTRA_COLOR = "#D55E00"  # Okabe-Ito vermillion
 _BUDGET_COLOR = "#009E73"
 # Label positions tried around a point: offsets in points, nearest and most readable first.
-_RADII = (7, 14, 24, 36, 50, 66)
+_RADII = (9, 15, 24, 36, 50, 66)
 _ANGLES = (0, 35, -35, 180, 145, -145, 90, -90, 65, -65, 115, -115)
 
 
@@ -42,6 +42,7 @@ def plot_report(
     extra: Sequence[tuple[str, float, float]] = (),
     budget: float | None = None,
     budget_label: str = "memory budget",
+    highlight: str | None = None,
 ) -> Path:
     """Implements `remat.Report.plot`."""
     if y not in ("flops", "time"):
@@ -105,6 +106,11 @@ def plot_report(
             linewidth=1.3,
             zorder=4 if kind == "baseline" else (3.5 if on_front else 3),
         )
+    for label, px, py, _ in points:
+        if label == highlight:
+            ring = dict(marker="o", facecolor="none", edgecolor=_BUDGET_COLOR, linewidth=1.6)
+            ax.scatter([px], [py], s=230, zorder=5, **ring)
+            ax.scatter([], [], s=90, label=f"picked: {label}", **ring)
     # legend entries for the marker kinds
     ax.scatter([], [], s=190, marker="*", color=_OTHER_COLOR, label="baseline")
     ax.scatter([], [], s=55, marker="o", color=_FRONT_COLOR, label="on the front")

@@ -282,7 +282,7 @@ class Report:
             lines.append("! XLA removed the recomputation this strategy asked for")
         return "\n".join(lines)
 
-    def render(self, width: int = 110) -> str:
+    def render(self, width: int = 120) -> str:
         """The table as plain text (no colour), ``width`` characters wide at most."""
         from rich.console import Console
 
@@ -300,6 +300,7 @@ class Report:
         extra: Sequence[tuple[str, float, float]] = (),
         budget: float | None = None,
         budget_label: str = "memory budget",
+        highlight: str | None = None,
     ) -> Path:
         """Draws peak memory against step FLOPs (or time) into a PNG, written atomically.
 
@@ -314,6 +315,7 @@ class Report:
             seconds)``. They are drawn as diamonds and take part in the drawn front.
           budget: a memory budget in bytes, drawn as a vertical dashed line.
           budget_label: its legend entry.
+          highlight: the label of a point to circle (e.g. the strategy picked for a budget).
 
         Returns:
           ``path``.
@@ -324,7 +326,15 @@ class Report:
         """
         from ._plot import plot_report
 
-        return plot_report(self, path, y=y, extra=extra, budget=budget, budget_label=budget_label)
+        return plot_report(
+            self,
+            path,
+            y=y,
+            extra=extra,
+            budget=budget,
+            budget_label=budget_label,
+            highlight=highlight,
+        )
 
     # --- JSON ---
 

@@ -74,10 +74,13 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         the factory raises, or it returns anything but ``(callable, tuple)``.
 
     Example:
+      >>> import pathlib, tempfile
       >>> from remat._target import load_target
-      >>> fn, args = load_target("remat._gpt:make_gpt")
-      >>> type(args).__name__, len(args)
-      ('tuple', 2)
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "model.py"
+      >>> _ = path.write_text("def make():\\n    return sum, ([1.0, 2.0],)\\n")
+      >>> fn, args = load_target(f"{path}:make")
+      >>> fn(*args)
+      3.0
     """
     module_spec, colon, factory_name = target.rpartition(":")
     if not colon or not module_spec or not factory_name:
