@@ -14,7 +14,9 @@ from remat._milp import Node, Option, solve
 def chain(n, *, bytes_=4, flops=10.0, steps=10):
     """x -> v0 -> v1 -> ... ; every value needed by the backward pass."""
     return [
-        Node(bytes=bytes_, flops=flops, inputs=(i - 1,) if i else (), multiplicity=steps, needed=True)
+        Node(
+            bytes=bytes_, flops=flops, inputs=(i - 1,) if i else (), multiplicity=steps, needed=True
+        )
         for i in range(n)
     ]
 

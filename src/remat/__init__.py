@@ -41,7 +41,7 @@ from ._scan import scan as scan
 # --- plan (issue 5) ---
 from ._plan import InfeasibleBudget as InfeasibleBudget
 from ._plan import Plan as Plan
-from ._plan import load_plan as load_plan
+from ._plan_json import load_plan as load_plan
 from ._plan import plan as plan
 
 # --- lint (issue 7) ---

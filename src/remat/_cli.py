@@ -17,6 +17,7 @@ COMMANDS = {
     "demo": "remat._cli_demo",
     "measure": "remat._cli_measure",
     "compare": "remat._cli_compare",
+    "plan": "remat._cli_plan",
     "lint": "remat._cli_lint",
 }
 

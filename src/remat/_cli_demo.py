@@ -104,16 +104,40 @@ def run(args: argparse.Namespace) -> int:
         )
     print(report)
     half = 0.5 * report.baseline_measurement.peak_bytes
+    planned, plan_line = _plan_half(loss_fn, fn_args, report)
     json_path = report.to_json(args.out / "report.json")
     png_path = report.plot(
         args.out / "pareto.png",
         budget=half,
         budget_label="half the baseline's peak",
+        extra=planned,
         highlight=report.cheapest(0.5),
     )
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
+    print(plan_line)
     return 0
+
+
+def _plan_half(loss_fn, fn_args, report: Report) -> tuple[list, str]:
+    """`remat.plan` at half the baseline's peak: the plot point and one sentence."""
+    from ._plan import InfeasibleBudget, plan
+
+    base = report.baseline_measurement
+    try:
+        p = plan(loss_fn, *fn_args, budget=0.5)
+    except InfeasibleBudget as err:
+        return [], f"remat.plan: {str(err).replace('`', '')}"
+    m, peak = p.measured, p.measured_peak_bytes
+    schedules = ", ".join(sorted({str(s.schedule) for s in p.scans}))
+    saved = sum(len(s.names) for s in p.scans)
+    line = (
+        f"remat.plan for half the memory: saves {saved} chosen values per step "
+        f"(schedule {schedules}), peak {peak / MIB:.1f} MiB ({peak / base.peak_bytes:.0%} of "
+        f"the baseline; predicted {p.predicted_peak_bytes / MIB:.1f}) for "
+        f"{m.flops / base.flops:.2f}× the baseline's FLOPs, solved in {p.solve_seconds:.1f} s."
+    )
+    return [("plan 50%", peak, m.flops)], line
 
 
 def pick_sentence(report: Report, fraction: float = 0.5) -> str:

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
-import math
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,12 +40,20 @@ from ._costmodel import ScanModel, model_scans
 from ._io import atomic_write_text
 from ._measure import _check_args, _check_scalar
 from ._measurement import Measurement
-from ._milp import Node, Option, Solution, solve
-from ._schedule import Binomial, Nested, Schedule
-from ._tag import ScanChoice, planned_scans, rewrite
-from ._warnings import RematWarning
-
-PLAN_FORMAT = 1
+from ._milp import Node, Option, solve
+from ._plan_json import PLAN_FORMAT, encode_schedule, plain
+from ._plan_measure import compile_measure, light_peak, peak_of
+from ._plan_options import (
+    Candidate,
+    ScanPlan,
+    assemble,
+    candidates,
+    decode,
+    fixed_choice,
+    stored_bytes,
+)
+from ._schedule import Schedule
+from ._tag import planned_scans, rewrite
 
 _NO_SCAN = (
     "`remat.plan` found no `scan` in {name}. The planner chooses what each scan step saves; "
@@ -59,12 +66,6 @@ _INFEASIBLE = (
     "un-checkpointed peak {baseline}). Raise the budget to at least {smallest}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
-_CHANGED = (
-    "`remat.load_plan` refuses the plan in {path}: it was made for a different program (its "
-    "fingerprint {saved} is not {now}, the fingerprint of the function traced at these "
-    "arguments). The model, its shapes or dtypes changed; run `remat.plan` again."
-)
-_BAD_FILE = "`remat.load_plan` cannot read {path}: {why}. Write it with `Plan.to_json(path)`."
 
 
 class InfeasibleBudget(ValueError):
@@ -90,32 +91,6 @@ class InfeasibleBudget(ValueError):
         self.budget_bytes = budget_bytes
         self.smallest_peak_bytes = smallest
         self.baseline_peak_bytes = baseline
-
-
-@dataclasses.dataclass(frozen=True)
-class SavedValue:
-    """A value that a plan saves at every step of a scan."""
-
-    name: str
-    primitive: str
-    shape: tuple[int, ...]
-    dtype: str
-    bytes: int
-    multiplicity: int
-    source: str | None
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanPlan:
-    """What a plan does with one scan: its schedule and the values it saves."""
-
-    position: int
-    source: str | None
-    length: int
-    schedule: Schedule
-    names: tuple[str, ...]
-    saved: tuple[SavedValue, ...]
-    recompute_flops: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,18 +143,14 @@ class Plan:
     def explain(self, width: int = 110) -> str:
         """A readable account of the plan: per scan, the schedule and each saved value.
 
-        Example:
-          >>> import jax, jax.numpy as jnp, remat
-          >>> def loss(ws, x):
-          ...     x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
-          ...     return (x**2).sum()
-          >>> p = remat.plan(loss, jnp.ones((4, 8, 8)) * 0.1, jnp.ones((2, 8)), budget=1.0)
-          >>> "predicted peak" in p.explain()
-          True
+        Per scan: its source, length, schedule and recomputed FLOPs, and a table of the values
+        saved at each step (checkpoint name, primitive, shape, bytes × copies, source line);
+        then the budget, the predicted and the measured peak, the step's FLOPs relative to no
+        checkpointing and the solve time. `remat.plan`'s example shows it.
         """
         from rich.console import Console
 
-        console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        console = Console(width=width, record=True, file=io.StringIO())
         console.print(self.table())
         return console.export_text()
 
@@ -191,34 +162,24 @@ class Plan:
         data = {
             "format": PLAN_FORMAT,
             **{
-                f.name: _plain(getattr(self, f.name))
+                f.name: plain(getattr(self, f.name))
                 for f in dataclasses.fields(self)
                 if f.name not in ("fn", "scans", "measured")
             },
             "scans": [
                 {
-                    **_plain(dataclasses.replace(s, schedule="per_step")),
-                    "schedule": _enc(s.schedule),
+                    **plain(dataclasses.replace(s, schedule="per_step")),
+                    "schedule": encode_schedule(s.schedule),
                 }
                 for s in self.scans
             ],
-            "measured": None if self.measured is None else _plain(self.measured),
+            "measured": None if self.measured is None else plain(self.measured),
         }
         return data
 
     def to_json(self, path: str | os.PathLike) -> Path:
         """Writes the plan to ``path`` as JSON, atomically; reload it with `remat.load_plan`."""
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=True))
-
-
-def peak_of(m: Measurement) -> int:
-    """The peak memory of a measurement.
-
-    XLA's CPU backend reports a ``peak_memory_in_bytes`` that leaves out temporaries (it can
-    be below the temporaries alone); then ``temp + argument + output - alias`` is used.
-    """
-    total = m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
-    return total if m.peak_bytes < m.temp_bytes else m.peak_bytes
 
 
 ### Fingerprints
@@ -240,143 +201,6 @@ def fingerprint(fn: Callable[..., Any], *args: Any) -> str:
     text = str(jax.make_jaxpr(fn)(*args))
     text = re.sub(r"0x[0-9a-f]+", "0x", text)  # object addresses in reprs
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-### Schedules: each is an `Option` of the MILP
-
-
-@dataclasses.dataclass(frozen=True)
-class _Candidate:
-    scan: int  # index into the models
-    schedule: Schedule
-    option: Option
-    nodes: tuple[Node, ...]  # nodes of this option (inputs relative to the scan's block)
-    save_all: bool  # the schedule keeps one step's residuals: save every needed value
-
-
-def _schedules(model: ScanModel, enabled: bool) -> list[tuple[Schedule, int, int, float, bool]]:
-    """Per option: (schedule, stored copies per saved value, other stored carries, extra
-    forward steps, save_all)."""
-    n = model.length
-    out: list[tuple[Schedule, int, int, float, bool]] = [("per_step", n, 0, 0.0, False)]
-    if not enabled or n < 4:
-        return out
-    from ._revolve import revolve_cost
-    from ._scan import nested_lengths
-
-    outer, inner = nested_lengths(n, 2)
-    # The outer level keeps `outer` carries; a block is re-run forward once per gradient.
-    out.append((Nested(2), inner, outer, float(n), False))
-    snapshots = sorted({s for s in (1, 2, 4, math.isqrt(n)) if 1 <= s < n - 1})
-    for s in snapshots:
-        out.append((Binomial(s), 1, s, float(revolve_cost(n, s) + 1), True))
-    return out
-
-
-def _candidates(models: Sequence[ScanModel], schedules: bool) -> list[_Candidate]:
-    cands = []
-    for k, model in enumerate(models):
-        needed_bytes = sum(v.bytes for v in model.values if v.needed)
-        for schedule, copies, carries, extra_steps, save_all in _schedules(model, schedules):
-            flops = extra_steps * model.step_flops
-            if save_all:
-                option = Option(
-                    group=k,
-                    bytes=float(carries * model.carry_bytes),
-                    flops=flops,
-                    transient=float(needed_bytes),
-                )
-                nodes: tuple[Node, ...] = ()
-            else:
-                option = Option(group=k, bytes=float(carries * model.carry_bytes), flops=flops)
-                nodes = tuple(model.nodes(steps=copies))
-            cands.append(_Candidate(k, schedule, option, nodes, save_all))
-    return cands
-
-
-def _assemble(cands: Sequence[_Candidate]) -> tuple[list[Node], list[Option], list[int]]:
-    """All candidates' nodes in one graph; returns nodes, options, and each node's offset."""
-    nodes: list[Node] = []
-    offsets: list[int] = []
-    for o, cand in enumerate(cands):
-        base = len(nodes)
-        offsets.append(base)
-        for node in cand.nodes:
-            nodes.append(
-                dataclasses.replace(
-                    node,
-                    inputs=tuple(base + u for u in node.inputs),
-                    option=o,
-                    group=o,
-                )
-            )
-    return nodes, [c.option for c in cands], offsets
-
-
-@dataclasses.dataclass(frozen=True)
-class _Choice:
-    choices: dict[int, ScanChoice]
-    scans: tuple[ScanPlan, ...]
-    model_bytes: float  # saved + weighted transient, without the base
-
-
-def _decode_solution(
-    solution: Solution,
-    cands: Sequence[_Candidate],
-    offsets: Sequence[int],
-    models: Sequence[ScanModel],
-    transient_weight: float,
-) -> _Choice:
-    choices: dict[int, ScanChoice] = {}
-    scans = []
-    for o in solution.options:
-        cand = cands[o]
-        model = models[cand.scan]
-        if cand.save_all:
-            idx = [i for i, v in enumerate(model.values) if v.needed]
-            copies = 1
-            flops = cand.option.flops
-        else:
-            idx = [i for i in range(len(cand.nodes)) if offsets[o] + i in solution.saved]
-            copies = cand.nodes[0].multiplicity if cand.nodes else 1
-            flops = cand.option.flops + sum(
-                cand.nodes[i].recompute_flops
-                for i in range(len(cand.nodes))
-                if offsets[o] + i in solution.recomputed
-            )
-        values = [model.values[i] for i in idx]
-        names = tuple(v.name for v in values if v.primitive != "carry")
-        saved = tuple(
-            SavedValue(
-                name=v.name,
-                primitive=v.primitive,
-                shape=v.shape,
-                dtype=v.dtype,
-                bytes=v.bytes,
-                multiplicity=1 if v.invariant else copies,
-                source=v.source,
-            )
-            for v in values
-        )
-        position = _positions(models)[cand.scan]
-        choices[position] = ScanChoice(names=names, schedule=cand.schedule)
-        scans.append(
-            ScanPlan(
-                position=position,
-                source=model.source,
-                length=model.length,
-                schedule=cand.schedule,
-                names=names,
-                saved=saved,
-                recompute_flops=float(flops),
-            )
-        )
-    model_bytes = solution.saved_bytes + transient_weight * solution.transient_bytes
-    return _Choice(choices, tuple(scans), model_bytes)
-
-
-def _positions(models: Sequence[ScanModel]) -> list[int]:
-    return [m.index for m in models]
 
 
 ### Main API
@@ -423,9 +247,11 @@ def plan(
       >>> def loss(ws, x):
       ...     x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
       ...     return (x**2).sum()
-      >>> ws, x = jnp.ones((8, 16, 16)) * 0.1, jnp.ones((4, 16))
-      >>> p = remat.plan(loss, ws, x, budget="90%")
+      >>> ws, x = jnp.ones((8, 16, 16)) * 0.1, jnp.ones((256, 16))
+      >>> p = remat.plan(loss, ws, x, budget="60%")
       >>> p.measured_peak_bytes <= p.budget_bytes
+      True
+      >>> "measured peak" in p.explain()
       True
       >>> g = jax.grad(p.fn)(ws, x)
       >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x), rtol=1e-5, atol=1e-6))
@@ -435,57 +261,113 @@ def plan(
         raise TypeError(f"`remat.plan` got fn={fn!r}, which is not callable; pass the loss.")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"`remat.plan` got max_rounds={max_rounds!r}; pass an int >= 1.")
+    parse_budget(budget, baseline_peak=2**62)  # a malformed budget fails before compiling
+    prepared = _prepare(fn, args, argnums, schedules)
+    return _plan_prepared(prepared, budget, max_rounds, device_memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """Everything about a program the planner needs that does not depend on the budget."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    argnums: Any
+    baseline: Measurement
+    models: tuple[ScanModel, ...]
+    cands: tuple[Candidate, ...]
+    nodes: tuple[Node, ...]
+    options: tuple[Option, ...]
+    offsets: tuple[int, ...]
+    base: float  # calibrated memory outside the modelled choice
+    weight: float  # calibrated fraction of the transient memory that is live
+    smallest: int  # the smaller calibration peak
+    fingerprint: str
+    model_seconds: float
+
+
+def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedules: bool):
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     try:  # the same checks as `remat.measure`, named for `remat.plan`
         _check_args(args, argnums)
         _check_scalar(fn, args)
     except (TypeError, ValueError) as err:
         raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
-    baseline = _compile_measure(fn, args, argnums, "none", None)
-    baseline_peak = peak_of(baseline)
-    budget_bytes = parse_budget(budget, baseline_peak, device_memory)
-
     clock = time.perf_counter()
     infos = planned_scans(fn, *args)
     if not infos:
         raise ValueError(_NO_SCAN.format(name=f"`{getattr(fn, '__qualname__', repr(fn))}`"))
     models = model_scans(infos)
-    cands = _candidates(models, schedules)
-    nodes, options, offsets = _assemble(cands)
+    cands = candidates(models, schedules)
+    nodes, options, offsets = assemble(cands)
     print_ = fingerprint(fn, *args)
-    solve_seconds = time.perf_counter() - clock
+    model_seconds = time.perf_counter() - clock
+    baseline = compile_measure(fn, args, argnums, "none", None)
 
     # Calibration: every needed value saved (no transient) and nothing saved (all transient).
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
-    everything = _fixed_choice(cands, offsets, models, per_step, save=True)
-    nothing = _fixed_choice(cands, offsets, models, per_step, save=False)
-    peak_all = _light_peak(rewrite(fn, everything.choices), args, argnums)
-    peak_none = _light_peak(rewrite(fn, nothing.choices), args, argnums)
+    everything = fixed_choice(cands, offsets, models, per_step, save=True)
+    nothing = fixed_choice(cands, offsets, models, per_step, save=False)
+    peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
+    peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
     base = peak_all - everything.model_bytes
-    transient = nothing.model_bytes - _stored(nothing)
+    transient = nothing.model_bytes - stored_bytes(nothing)
     weight = (
-        min(max((peak_none - base - _stored(nothing)) / transient, 0.0), 1.0) if transient else 1.0
+        min(max((peak_none - base - stored_bytes(nothing)) / transient, 0.0), 1.0)
+        if transient
+        else 1.0
+    )
+    return _Prepared(
+        fn=fn,
+        args=tuple(args),
+        argnums=argnums,
+        baseline=baseline,
+        models=models,
+        cands=tuple(cands),
+        nodes=tuple(nodes),
+        options=tuple(options),
+        offsets=tuple(offsets),
+        base=float(base),
+        weight=float(weight),
+        smallest=min(peak_all, peak_none),
+        fingerprint=print_,
+        model_seconds=model_seconds,
     )
 
+
+def _plan_prepared(
+    prep: _Prepared, budget: Any, max_rounds: int = 4, device_memory: int | None = None
+) -> Plan:
+    """Solves, rewrites and measures for one budget (see `plan`)."""
+    baseline_peak = peak_of(prep.baseline)
+    budget_bytes = parse_budget(budget, baseline_peak, device_memory)
+    fn, args, argnums, weight = prep.fn, prep.args, prep.argnums, prep.weight
+    solve_seconds = prep.model_seconds
     margin = 0.0
-    smallest = min(peak_all, peak_none)
+    smallest = prep.smallest
+    measured_by_choice: dict[Any, Measurement] = {}
     for rounds in range(1, max_rounds + 1):
         clock = time.perf_counter()
         solution = solve(
-            nodes, budget_bytes, options=options, fixed_bytes=base + margin,
+            prep.nodes, budget_bytes, options=prep.options, fixed_bytes=prep.base + margin,
             transient_weight=weight,
         )  # fmt: skip
         last = solution is None
         if last:
-            solution = solve(nodes, budget_bytes, options=options, minimize="memory",
-                             transient_weight=weight)  # fmt: skip
-        choice = _decode_solution(solution, cands, offsets, models, weight)
+            solution = solve(prep.nodes, budget_bytes, options=prep.options,
+                             minimize="memory", transient_weight=weight)  # fmt: skip
+        choice = decode(solution, prep.cands, prep.offsets, prep.models, weight)
         solve_seconds += time.perf_counter() - clock
         planned = rewrite(fn, choice.choices)
-        measured = _compile_measure(planned, args, argnums, "plan", baseline)
+        key = tuple(
+            sorted((k, v.names, _schedule_key(v.schedule)) for k, v in choice.choices.items())
+        )
+        if key not in measured_by_choice:
+            measured_by_choice[key] = compile_measure(planned, args, argnums, "plan", prep.baseline)
+        measured = measured_by_choice[key]
         peak = peak_of(measured)
         smallest = min(smallest, peak)
-        predicted = int(base + choice.model_bytes)
+        predicted = int(prep.base + choice.model_bytes)
         if peak <= budget_bytes:
             return Plan(
                 fn=planned,
@@ -494,10 +376,10 @@ def plan(
                 predicted_peak_bytes=predicted,
                 measured=measured,
                 baseline_peak_bytes=baseline_peak,
-                baseline_flops=baseline.flops,
+                baseline_flops=prep.baseline.flops,
                 solve_seconds=solve_seconds,
                 rounds=rounds,
-                fingerprint=print_,
+                fingerprint=prep.fingerprint,
                 argnums=argnums,
             )
         if last:
@@ -507,181 +389,27 @@ def plan(
     raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
 
 
-def _stored(choice: _Choice) -> float:
-    return float(sum(sv.bytes * sv.multiplicity for s in choice.scans for sv in s.saved))
-
-
-def _fixed_choice(cands, offsets, models, options: Sequence[int], save: bool) -> _Choice:
-    """The per-step choice that saves every needed value (``save``) or none."""
-    saved, recomputed, transient = set(), set(), 0.0
-    for o in options:
-        groups = 0.0
-        for i, node in enumerate(cands[o].nodes):
-            if not node.saveable or (not save and node.recomputable):
-                recomputed.add(offsets[o] + i)
-                groups += node.bytes if node.needed else 0.0
-            elif node.needed or not node.recomputable:
-                saved.add(offsets[o] + i)
-        transient = max(transient, groups)
-    nodes = [n for c in cands for n in c.nodes]
-    solution = Solution(
-        saved=frozenset(saved),
-        recomputed=frozenset(recomputed),
-        recompute_flops=0.0,
-        saved_bytes=int(sum(nodes[i].bytes * nodes[i].multiplicity for i in saved)),
-        transient_bytes=int(transient),
-        options=tuple(options),
-    )
-    return _decode_solution(solution, cands, offsets, models, 1.0)
-
-
-def _compile_measure(
+def plan_budgets(
     fn: Callable[..., Any],
-    args: Sequence[Any],
-    argnums: Any,
-    label: str,
-    baseline: Measurement | None,
-) -> Measurement:
-    """`remat.measure`'s numbers for ``fn`` from a single compile of its gradient step.
+    *args: Any,
+    budgets: Sequence[Any],
+    argnums: int | Sequence[int] = 0,
+    schedules: bool = True,
+    max_rounds: int = 4,
+) -> list[Plan | InfeasibleBudget]:
+    """`plan` at several budgets, sharing the tracing, modelling and calibration compiles.
 
-    Memory and FLOPs are read as `remat.measure` reads them; ``forward_flops`` is the traced
-    matmul count (checkpointing does not change the forward pass), and the recomputation is
-    judged eliminated when the plan's matmul FLOPs are not above the un-checkpointed step's.
+    Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
     """
-    from ._checkpoints import traced_dot_flops
-    from ._hlo import hlo_flops
-    from ._measure import measure_compiled
-    from ._residuals import saved_residuals
-
-    step = jax.value_and_grad(fn, argnums)
-    start = time.perf_counter()
-    compiled = jax.jit(step).lower(*args).compile()
-    seconds = time.perf_counter() - start
-    with warnings.catch_warnings():
-        # A Binomial schedule's backward loop has a data-dependent trip count that the HLO
-        # reader cannot see: its FLOPs are then a lower bound (see the module docstring).
-        warnings.simplefilter("ignore", RematWarning)
-        flops = hlo_flops(compiled.as_text())
-    residuals = saved_residuals(fn, *args, argnums=argnums)
-    forward = traced_dot_flops(jax.make_jaxpr(fn)(*args).jaxpr)
-    requested = baseline is not None
-    return Measurement(
-        **measure_compiled(compiled),
-        residuals=residuals,
-        residual_bytes=sum(r.total_bytes for r in residuals),
-        flops=flops,
-        forward_flops=forward,
-        recompute_requested=requested,
-        recompute_eliminated=False,
-        compile_seconds=seconds,
-        seconds=None,
-        strategy=label,
-        backend=jax.default_backend(),
-        num_devices=1,
-        plain_flops=None if baseline is None else baseline.flops,
-    )
+    prep = _prepare(fn, args, argnums, schedules)
+    out: list[Plan | InfeasibleBudget] = []
+    for budget in budgets:
+        try:
+            out.append(_plan_prepared(prep, budget, max_rounds))
+        except InfeasibleBudget as err:
+            out.append(err)
+    return out
 
 
-def _light_peak(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> int:
-    """The peak of the compiled gradient step (one compile, nothing else)."""
-    from ._measure import measure_compiled
-
-    compiled = jax.jit(jax.value_and_grad(fn, argnums)).lower(*args).compile()
-    m = measure_compiled(compiled)
-    total = m["temp_bytes"] + m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"]
-    return total if m["peak_bytes"] < m["temp_bytes"] else m["peak_bytes"]
-
-
-### JSON
-
-
-def _enc(schedule: Schedule) -> Any:
-    if isinstance(schedule, Binomial):
-        return {"binomial": schedule.snapshots}
-    if isinstance(schedule, Nested):
-        return {"nested": schedule.levels, "lengths": schedule.lengths}
-    return schedule
-
-
-def _dec(data: Any) -> Schedule:
-    if isinstance(data, dict) and "binomial" in data:
-        return Binomial(int(data["binomial"]))
-    if isinstance(data, dict) and "nested" in data:
-        lengths = data.get("lengths")
-        return Nested(int(data["nested"]), None if lengths is None else tuple(lengths))
-    return data
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Plan:
-    """Loads a plan written by `Plan.to_json` and applies it to ``fn``, without solving.
-
-    Args:
-      path: the JSON file.
-      fn: the function the plan was made for.
-      *args: its arguments (the same shapes and dtypes as when planning).
-
-    Returns:
-      The `remat.Plan`, with ``fn`` rewritten as the plan says.
-
-    Raises:
-      ValueError: if the file is not a plan, or ``fn`` traced at ``args`` is not the
-        program the plan was made for (its fingerprint changed).
-
-    Example:
-      >>> import jax, jax.numpy as jnp, remat, tempfile, os
-      >>> def loss(ws, x):
-      ...     x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
-      ...     return (x**2).sum()
-      >>> ws, x = jnp.ones((4, 8, 8)) * 0.1, jnp.ones((2, 8))
-      >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
-      >>> _ = remat.plan(loss, ws, x, budget=1.0).to_json(path)
-      >>> p = remat.load_plan(path, loss, ws, x)
-      >>> bool(jnp.allclose(p.fn(ws, x), loss(ws, x)))
-      True
-    """
-    from ._report import _decode
-
-    try:
-        data = json.loads(Path(path).read_text())
-        if data.get("format") != PLAN_FORMAT:
-            raise ValueError(f"format {data.get('format')!r}, expected {PLAN_FORMAT}")
-    except (OSError, ValueError, AttributeError) as err:
-        raise ValueError(_BAD_FILE.format(path=path, why=err)) from err
-    now = fingerprint(fn, *args)
-    if data["fingerprint"] != now:
-        raise ValueError(_CHANGED.format(path=path, saved=data["fingerprint"], now=now))
-    scans = tuple(
-        ScanPlan(
-            position=s["position"],
-            source=s["source"],
-            length=s["length"],
-            schedule=_dec(s["schedule"]),
-            names=tuple(s["names"]),
-            saved=tuple(_decode(SavedValue, v) for v in s["saved"]),
-            recompute_flops=float(s["recompute_flops"]),
-        )
-        for s in data["scans"]
-    )
-    choices = {s.position: ScanChoice(names=s.names, schedule=s.schedule) for s in scans}
-    argnums = data.get("argnums", 0)
-    return Plan(
-        fn=rewrite(fn, choices),
-        scans=scans,
-        budget_bytes=int(data["budget_bytes"]),
-        predicted_peak_bytes=int(data["predicted_peak_bytes"]),
-        measured=_decode(Measurement, data["measured"]),
-        baseline_peak_bytes=int(data["baseline_peak_bytes"]),
-        baseline_flops=float(data["baseline_flops"]),
-        solve_seconds=float(data["solve_seconds"]),
-        rounds=int(data["rounds"]),
-        fingerprint=data["fingerprint"],
-        argnums=tuple(argnums) if isinstance(argnums, list) else argnums,
-    )
+def _schedule_key(schedule: Schedule) -> str:
+    return repr(schedule)

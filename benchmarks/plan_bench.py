@@ -1,0 +1,319 @@
+"""The planner (`remat.plan`) against every named strategy, at 90/75/50/35/25% of the peak.
+
+For three architectures (the demo GPT, an MLP-Mixer stack, a long GRU recurrence) this
+compiles and measures the un-checkpointed training step, every named strategy (``none``;
+``full``, ``dots``, ``dots_no_batch``, ``everything`` each with ``per_step``, ``Nested(2)``
+and ``Binomial(2)``), and the planner's plan at each budget, all in this one process; checks
+each plan's gradient against the reference; prints the table and rewrites the section between
+``<!-- plan:start -->`` and ``<!-- plan:end -->`` in BENCHMARKS.md; and draws the GPT's
+Pareto plot (named strategies and the planner's points) into ``--out``.
+
+Usage:
+  PYTHONPATH=src python benchmarks/plan_bench.py [--arch gpt,mixer,rnn] [--out remat-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from remat import Binomial, Nested, Strategy, apply
+from remat._cli_demo import DEFAULTS
+from remat._gpt import make_gpt
+from remat._io import atomic_write_text
+from remat._plan import (
+    InfeasibleBudget,
+    _plan_prepared,
+    _prepare,
+    compile_measure,
+    peak_of,
+)
+from remat._report import MIB, Report, current_machine
+
+BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+MARKERS = ("<!-- plan:start -->", "<!-- plan:end -->")
+FRACTIONS = (0.9, 0.75, 0.5, 0.35, 0.25)
+
+
+### Architectures
+
+
+def make_mixer(layers=8, batch=16, tokens=64, channels=64, token_hidden=128, hidden=256):
+    """An MLP-Mixer stack (Tolstikhin et al. 2021): token- and channel-mixing MLPs, scanned."""
+
+    def norm(x):
+        mu = x.mean(-1, keepdims=True)
+        return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-6)
+
+    def block(x, p):
+        y = jnp.swapaxes(norm(x), 1, 2)  # (batch, channels, tokens)
+        y = jax.nn.gelu(y @ p["t1"]) @ p["t2"]
+        x = x + jnp.swapaxes(y, 1, 2)
+        x = x + jax.nn.gelu(norm(x) @ p["c1"]) @ p["c2"]
+        return x, None
+
+    def loss(params, x):
+        h, _ = jax.lax.scan(block, x @ params["embed"], params["blocks"])
+        return jnp.mean((norm(h).mean(1) @ params["head"]) ** 2)
+
+    ks = jax.random.split(jax.random.key(0), 7)
+
+    def init(k, *shape):
+        return jax.random.normal(k, shape) / np.sqrt(shape[-2])
+
+    params = {
+        "embed": init(ks[0], 32, channels),
+        "blocks": {
+            "t1": init(ks[1], layers, tokens, token_hidden),
+            "t2": init(ks[2], layers, token_hidden, tokens),
+            "c1": init(ks[3], layers, channels, hidden),
+            "c2": init(ks[4], layers, hidden, channels),
+        },
+        "head": init(ks[5], channels, 10),
+    }
+    return loss, (params, jax.random.normal(ks[6], (batch, tokens, 32)))
+
+
+def make_rnn(steps=256, batch=32, hidden=128):
+    """A GRU (Cho et al. 2014) over a long sequence: one scan of ``steps`` steps."""
+
+    def cell(p, h, x):
+        zr = jax.nn.sigmoid(x @ p["wx"][:, : 2 * hidden] + h @ p["wh"])
+        z, r = zr[:, :hidden], zr[:, hidden:]
+        n = jnp.tanh(x @ p["wx"][:, 2 * hidden :] + (r * h) @ p["wn"])
+        return (1 - z) * n + z * h
+
+    def loss(params, xs):
+        h, _ = jax.lax.scan(lambda h, x: (cell(params, h, x), None), jnp.zeros((batch, hidden)), xs)
+        return jnp.mean(h**2)
+
+    ks = jax.random.split(jax.random.key(1), 4)
+    params = {
+        "wx": jax.random.normal(ks[0], (hidden, 3 * hidden)) / np.sqrt(hidden),
+        "wh": jax.random.normal(ks[1], (hidden, 2 * hidden)) / np.sqrt(hidden),
+        "wn": jax.random.normal(ks[2], (hidden, hidden)) / np.sqrt(hidden),
+    }
+    return loss, (params, jax.random.normal(ks[3], (steps, batch, hidden)))
+
+
+ARCHS = {
+    "gpt": ("demo GPT ({layers} layers, d_model {d_model}, seq {seq}, batch {batch})", make_gpt),
+    "mixer": ("MLP-Mixer (8 layers, batch 16, 64 tokens x 64 channels)", make_mixer),
+    "rnn": ("GRU (256 steps, batch 32, hidden 128)", make_rnn),
+}
+
+
+def named_strategies() -> dict[str, Strategy]:
+    out = {"none": Strategy("none")}
+    for policy in ("full", "dots", "dots_no_batch", "everything"):
+        for schedule in ("per_step", Nested(2), Binomial(2)):
+            s = Strategy(policy, schedule=schedule)
+            out[s.name] = s
+    return out
+
+
+### Running
+
+
+def grads_equal(a, b) -> bool:
+    return all(
+        np.allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def run_arch(key: str, out_dir: Path) -> dict:
+    title, factory = ARCHS[key]
+    fn, args = factory(**DEFAULTS) if key == "gpt" else factory()
+    title = title.format(**DEFAULTS)
+    print(f"== {title}", flush=True)
+    reference = jax.jit(jax.grad(fn))(*args)
+    named = {}
+    for label, strategy in named_strategies().items():
+        target = fn if label == "none" else apply(fn, strategy)
+        named[label] = compile_measure(target, args, 0, label, None)
+        print(f"  {label:28s} peak {peak_of(named[label]) / MIB:8.2f} MiB  "
+              f"{named[label].flops / 1e9:.3f} GFLOP", flush=True)  # fmt: skip
+    base = named["none"]
+    prep = _prepare(fn, args, 0, True)
+    rows = []
+    for fraction in FRACTIONS:
+        start = time.perf_counter()
+        budget = int(fraction * peak_of(prep.baseline))
+        fitting = [(m.flops, label) for label, m in named.items() if peak_of(m) <= budget]
+        cheapest = min(fitting) if fitting else None
+        try:
+            p = _plan_prepared(prep, fraction)
+        except InfeasibleBudget as err:
+            rows.append(dict(fraction=fraction, budget=budget, plan=None, error=err,
+                             cheapest=cheapest))  # fmt: skip
+            print(f"  {fraction:.0%}: infeasible: {err}", flush=True)
+            continue
+        ok = grads_equal(jax.jit(jax.grad(p.fn))(*args), reference)
+        rows.append(dict(fraction=fraction, budget=budget, plan=p, grad_ok=ok, cheapest=cheapest,
+                         wall=time.perf_counter() - start))  # fmt: skip
+        print(f"  {fraction:.0%}: peak {p.measured_peak_bytes / MIB:.2f} MiB (predicted "
+              f"{p.predicted_peak_bytes / MIB:.2f}), FLOPs x{p.flops_ratio:.3f}, "
+              f"{[str(s.schedule) for s in p.scans]}, solve {p.solve_seconds:.2f} s, "
+              f"rounds {p.rounds}, grads {'ok' if ok else 'DIFFER'}", flush=True)  # fmt: skip
+    if key == "gpt":
+        report = Report(
+            rows=tuple((label, m) for label, m in named.items()),
+            baseline="none",
+            machine=current_machine(),
+            title=title,
+        )
+        extra = [
+            (f"plan {r['fraction']:.0%}", r["plan"].measured_peak_bytes, r["plan"].measured.flops)
+            for r in rows
+            if r["plan"] is not None
+        ]
+        path = report.plot(out_dir / "plan_pareto_gpt.png", extra=extra)
+        print(f"  wrote {path}")
+    return dict(key=key, title=title, base=base, named=named, rows=rows, prep=prep)
+
+
+### Reporting
+
+
+def _targets(result: dict) -> list[str]:
+    rows = result["rows"]
+    base = result["base"]
+    plans = [r for r in rows if r["plan"] is not None]
+    lines = []
+    fits = all(r["plan"].measured_peak_bytes <= r["budget"] for r in plans)
+    lines.append(f"every plan within its budget: {'yes' if fits else 'NO'}")
+    lines.append(
+        f"gradients equal the reference: {'yes' if all(r['grad_ok'] for r in plans) else 'NO'}"
+    )
+    beats = [
+        r["cheapest"] is None or r["plan"].measured.flops <= r["cheapest"][0] * (1 + 1e-9)
+        for r in plans
+    ]
+    fewer = [
+        r["cheapest"] is not None and r["plan"].measured.flops < r["cheapest"][0] for r in plans
+    ]
+    lines.append(
+        f"FLOPs <= cheapest fitting named strategy: {sum(beats)}/{len(plans)} budgets, "
+        f"fewer at {sum(fewer)}"
+    )
+    errs = [
+        abs(r["plan"].predicted_peak_bytes - r["plan"].measured_peak_bytes)
+        / r["plan"].measured_peak_bytes
+        for r in plans
+    ]
+    if errs:
+        lines.append(
+            f"predicted peak within 10% of measured: {sum(e <= 0.1 for e in errs)}/{len(errs)} "
+            f"(largest error {max(errs):.1%})"
+        )
+    peaks = [r["plan"].measured_peak_bytes for r in plans]
+    lines.append(
+        f"measured peak never rises as the budget falls: {'yes' if peaks == sorted(peaks, reverse=True) else 'NO'}"
+    )
+    solves = [r["plan"].solve_seconds for r in plans]
+    if solves:
+        lines.append(f"solve time (without compiles): at most {max(solves):.2f} s")
+    by_fraction = {r["fraction"]: r for r in plans}
+    for fraction, limit in ((0.5, 0.01), (0.25, 0.09)):
+        r = by_fraction.get(fraction)
+        if r is not None:
+            over = r["plan"].measured.flops / base.flops - 1
+            lines.append(f"FLOPs over none at {fraction:.0%}: {over:+.1%} (target <= +{limit:.0%})")
+    if plans:
+        last = plans[-1]
+        extra = last["plan"].measured.flops - base.flops
+        lines.append(
+            f"at the smallest feasible budget ({last['fraction']:.0%}): extra FLOPs = "
+            f"{extra / base.forward_flops:.2f} forward passes (target <= 1)"
+        )
+    return lines
+
+
+def table(result: dict) -> str:
+    head = (
+        "| budget | plan peak MiB (of none) | predicted MiB (error) | plan FLOPs × none | "
+        "schedule | saved/step | cheapest named that fits (FLOPs × none) | plan ≤ named | "
+        "grads | solve s | rounds |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    base = result["base"]
+    for r in result["rows"]:
+        cheap = r["cheapest"]
+        cheap_text = f"{cheap[1]} (×{cheap[0] / base.flops:.3f})" if cheap else "none fits"
+        if r["plan"] is None:
+            smallest = r["error"].smallest_peak_bytes
+            lines.append(
+                f"| {r['fraction']:.0%} ({r['budget'] / MIB:.2f} MiB) | infeasible: smallest "
+                f"peak reached {smallest / MIB:.2f} MiB | | | | | {cheap_text} | | | | |"
+            )
+            continue
+        p = r["plan"]
+        err = (p.predicted_peak_bytes - p.measured_peak_bytes) / p.measured_peak_bytes
+        beats = cheap is None or p.measured.flops <= cheap[0] * (1 + 1e-9)
+        lines.append(
+            f"| {r['fraction']:.0%} ({r['budget'] / MIB:.2f} MiB) | "
+            f"{p.measured_peak_bytes / MIB:.2f} ({p.measured_peak_bytes / p.baseline_peak_bytes:.0%}) | "
+            f"{p.predicted_peak_bytes / MIB:.2f} ({err:+.1%}) | {p.flops_ratio:.3f} | "
+            f"{', '.join(str(s.schedule) for s in p.scans)} | "
+            f"{sum(len(s.names) for s in p.scans)} | {cheap_text} | {'yes' if beats else 'no'} | "
+            f"{'equal' if r['grad_ok'] else 'DIFFER'} | {p.solve_seconds:.2f} | {p.rounds} |"
+        )
+    return "\n".join(lines)
+
+
+def section(results: list[dict], wall: float) -> str:
+    parts = [
+        MARKERS[0],
+        "## The planner (`remat.plan`, `benchmarks/plan_bench.py`)",
+        "",
+        f"Run {datetime.date.today().isoformat()} on {current_machine().describe()}, "
+        f"{wall:.0f} s in all. Reproduce with `PYTHONPATH=src python benchmarks/plan_bench.py`.",
+        "",
+        "Budgets are fractions of the un-checkpointed step's peak (XLA's compiled memory "
+        "analysis of `jax.value_and_grad`, parameters and gradients included). FLOPs are the "
+        "matmuls of the optimised HLO with loop trip counts (the backward loop of a "
+        "`Binomial` schedule has no static trip count, so for those its FLOPs are a lower "
+        "bound). Named strategies: `none`, and `full`, `dots`, `dots_no_batch`, `everything` "
+        "each with `per_step`, `Nested(2)` and `Binomial(2)`. Solve time is tracing, "
+        "modelling and the MILP, without the verification compiles.",
+    ]
+    for result in results:
+        parts += ["", f"### {result['title']}", "", table(result), ""]
+        parts += [f"- {line}" for line in _targets(result)]
+    parts.append(MARKERS[1])
+    return "\n".join(parts)
+
+
+def write_section(text: str, path: Path = BENCH_MD) -> None:
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(MARKERS[0]) + ".*?" + re.escape(MARKERS[1]), re.S)
+    new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text
+    atomic_write_text(path, new.rstrip() + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="gpt,mixer,rnn")
+    parser.add_argument("--out", type=Path, default=Path("remat-bench"))
+    parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    results = [run_arch(key, args.out) for key in args.arch.split(",")]
+    text = section(results, time.perf_counter() - start)
+    print(text)
+    if not args.no_write:
+        write_section(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
