@@ -53,9 +53,11 @@ from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
+from ._scan_info import _source as _source  # imported from here by the planner
 from ._strategy import Strategy, as_strategy, resolve_policy
 from ._warnings import RematWarning
 
+_count = count  # imported from here by the planner (`_tag.py`)
 _P = jcore.primitives
 
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
