@@ -289,7 +289,7 @@ class _Prepared:
 def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedules: bool):
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     try:  # the same checks as `remat.measure`, named for `remat.plan`
-        _check_args(args, argnums)
+        _check_args(args, argnums, 0)  # measure._check_args(args, argnums, repeats)
         _check_scalar(fn, args)
     except (TypeError, ValueError) as err:
         raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
