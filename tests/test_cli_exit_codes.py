@@ -28,7 +28,12 @@ TARGET = textwrap.dedent(
     """
 )
 # command -> extra arguments it needs to run
-COMMANDS = {"measure": ["--repeats", "0"], "compare": ["--strategies", "full"], "lint": []}
+COMMANDS = {
+    "measure": ["--repeats", "0"],
+    "compare": ["--strategies", "full"],
+    "lint": [],
+    "plan": ["--budget", "50%"],
+}
 
 
 @pytest.fixture
@@ -46,7 +51,7 @@ def _run(capsys, argv):
 
 def test_every_target_command_is_covered():
     parser_commands = {c for c in _cli.COMMANDS if c not in ("demo",)}
-    assert parser_commands <= set(COMMANDS) | {"plan"}, parser_commands
+    assert parser_commands <= set(COMMANDS), parser_commands
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -113,3 +118,15 @@ def test_api_errors_and_unwritable_outputs_exit_2_with_one_line(capsys, target, 
     code, _, err = _run(capsys, [a.format(target=target) for a in argv])
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_plan_infeasible_budget_exits_1_with_one_line(capsys, target):
+    code, _, err = _run(capsys, ["plan", f"{target}:make", "--budget", "1%"])
+    assert code == 1
+    assert err.count("\n") == 1 and "cannot fit" in err and "Traceback" not in err
+
+
+def test_plan_bad_budget_exits_2_with_one_line(capsys, target):
+    code, _, err = _run(capsys, ["plan", f"{target}:make", "--budget", "lots"])
+    assert code == 2
+    assert err.count("\n") == 1 and "'lots'" in err
