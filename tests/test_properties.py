@@ -23,7 +23,7 @@ from conftest import assert_tree_allclose
 
 settings.register_profile(
     "remat-ci",
-    max_examples=4,
+    max_examples=3,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
@@ -160,7 +160,7 @@ def test_scan_matches_lax_scan(n, schedule, policy, reverse, dtype):
 
 # --- plans: fit the budget or say they cannot; the same program and budget, the same plan ---
 
-PLAN_PROFILE = settings(PROFILE, max_examples=max(2, PROFILE.max_examples // 2))
+PLAN_PROFILE = settings(PROFILE, max_examples=max(1, PROFILE.max_examples // 3))
 BUDGETS = st.one_of(st.floats(0.05, 1.0), st.sampled_from(["30%", "75%", "100%"]))
 
 
