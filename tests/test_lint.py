@@ -121,6 +121,7 @@ def test_rm002_name_saved_and_offloaded():
     found = remat.lint(checkpointed(_save_and_offload), X, measure=False)
     assert [f.code for f in found] == ["RM002"]
     assert "'hidden'" in found[0].message and "'out'" not in found[0].message
+    assert "saving wins" in found[0].message
     # The mechanism: the combined policy saves 'hidden' rather than offloading it.
     assert _policy_info.probe(_save_and_offload, "hidden") == _policy_info.SAVE
     assert _policy_info.probe(_save_and_offload, "out") == _policy_info.OFFLOAD

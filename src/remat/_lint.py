@@ -21,10 +21,12 @@ from . import _jaxpr_walk as walk
 from ._findings import Finding
 from ._policy_info import (
     NAME_P,
+    OFFLOAD,
     SAVE_ANYTHING_EXCEPT_IGNORES_NAMES,
     is_dots_no_batch,
     policy_info,
     policy_label,
+    probe,
 )
 
 _NOT_CALLABLE = (
@@ -170,11 +172,15 @@ def _check_policy_names(site: walk.Site, all_sites: list[walk.Site]) -> list[Fin
             )
         )
     for name in sorted(info.saved_and_offloaded):
+        outcome = (
+            "offloading wins, so it is silently not kept on the device"
+            if probe(policy, name) == OFFLOAD
+            else "saving wins, so it is silently not offloaded"
+        )
         findings.append(
             Finding(
                 "RM002",
-                f"policy {label} both saves and offloads {name!r}; saving wins, so it is "
-                "silently not offloaded",
+                f"policy {label} both saves and offloads {name!r}; {outcome}",
                 where,
                 f"list {name!r} only in names_which_can_be_offloaded (or only in the saved names)",
             )
