@@ -127,6 +127,18 @@ def test_rm002_name_saved_and_offloaded():
     assert _policy_info.probe(_save_and_offload, "out") == _policy_info.OFFLOAD
 
 
+def _offload_and_save(prim, *args, **params):  # the other order: offloading wins
+    return _offload_a(prim, *args, **params) or cp.save_only_these_names("hidden")(
+        prim, *args, **params
+    )
+
+
+def test_rm002_says_when_offloading_wins():
+    (finding,) = remat.lint(checkpointed(_offload_and_save), X, measure=False)
+    assert finding.code == "RM002" and "offloading wins" in finding.message
+    assert _policy_info.probe(_offload_and_save, "hidden") == _policy_info.OFFLOAD
+
+
 def test_rm002_not_reported_for_disjoint_sets():
     policy = cp.save_and_offload_only_these_names(
         names_which_can_be_saved=["hidden"],
