@@ -127,10 +127,11 @@ def test_rm002_name_saved_and_offloaded():
     assert _policy_info.probe(_save_and_offload, "out") == _policy_info.OFFLOAD
 
 
+_save_hidden = cp.save_only_these_names("hidden")
+
+
 def _offload_and_save(prim, *args, **params):  # the other order: offloading wins
-    return _offload_a(prim, *args, **params) or cp.save_only_these_names("hidden")(
-        prim, *args, **params
-    )
+    return _offload_a(prim, *args, **params) or _save_hidden(prim, *args, **params)
 
 
 def test_rm002_says_when_offloading_wins():
