@@ -143,6 +143,20 @@ CASES = {
         "'names:'",
         "names:attn_out",
     ),
+    "compare-non-scalar": (
+        lambda: remat.compare(vector_loss, WS, X, strategies=["full"], repeats=0),
+        ValueError,
+        "remat.compare",
+        "float32[2, 3]",
+        "scalar",
+    ),
+    "compare-str-arg": (
+        lambda: remat.compare(loss, "weights", X, strategies=["full"], repeats=0),
+        TypeError,
+        "remat.compare",
+        "str",
+        "Close over",
+    ),
     # budgets: negative, zero, unparseable, above the device's memory
     "plan-negative-budget": (
         lambda: remat.plan(loss, WS, X, budget=-5),
