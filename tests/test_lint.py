@@ -233,6 +233,21 @@ def test_rm007_not_reported_for_checkpointed_body_or_two_levels():
     assert codes(jax.checkpoint(body_checkpointed), X) == []
 
 
+def test_rm007_not_reported_for_blocks_of_an_outer_scan():
+    # Nested checkpointing: each outer step checkpoints a whole inner scan (a block).
+    def blocks(x):
+        def block(c, _):
+            return jax.checkpoint(
+                lambda c: jax.lax.scan(lambda h, _: (layer(h), None), c, length=3)[0]
+            )(c), None
+
+        return jnp.sum(jax.lax.scan(block, x, length=2)[0])
+
+    assert codes(blocks, X) == []
+    strategy = remat.Strategy("none", schedule=remat.Nested(2))
+    assert codes(_stack, X, strategy=strategy) == []
+
+
 # --- RM008: nested checkpoints, inner policy overridden ---
 
 

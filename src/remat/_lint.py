@@ -225,6 +225,8 @@ def _check_dots_no_batch(site: walk.Site, all_sites: list[walk.Site]) -> list[Fi
 
 
 def _check_whole_scan(site: walk.Site, all_sites: list[walk.Site]) -> list[Finding]:
+    if site.loops:
+        return []  # a checkpointed block of an outer loop: nested checkpointing, O(sqrt(N))
     inside = walk.within(all_sites, site)
     findings = []
     for scan in (s for s in inside if s.primitive == "scan" and s.eqn.params["length"] > 1):
