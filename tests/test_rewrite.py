@@ -290,7 +290,7 @@ def test_only_selected_scans_get_a_checkpoint(scans, widths):
     depth_first = [own for _, own in plain]
     if scans in ((0,), ("enc",)):
         assert depth_first == [True, False, False]
-    elif scans == (("dec",)):
+    elif scans == ("dec",):
         assert depth_first == [False, True, False]
     else:
         assert depth_first == [False, False, True]

@@ -162,7 +162,7 @@ def test_binomial_runs_the_body_revolve_cost_plus_n_plus_one_times(n, snapshots)
 D = 64  # carry width of the memory tests: one carry is 256 bytes
 
 
-def _temp_bytes(schedule, n):
+def _compiled(schedule, n):
     w = jnp.eye(D) * 0.5
 
     def f(c0):
@@ -170,14 +170,25 @@ def _temp_bytes(schedule, n):
             0
         ].sum()
 
-    compiled = jax.jit(jax.grad(f)).lower(jnp.ones(D)).compile()
-    return compiled.memory_analysis().temp_size_in_bytes
+    return jax.jit(jax.grad(f)).lower(jnp.ones(D)).compile()
+
+
+def _temp_bytes(schedule, n):
+    return _compiled(schedule, n).memory_analysis().temp_size_in_bytes
 
 
 def test_binomial_memory_is_flat_in_n_and_per_step_is_linear():
     carry = D * 4
-    binomial = {n: _temp_bytes(remat.Binomial(4), n) for n in (64, 4096)}
+    compiled = {n: _compiled(remat.Binomial(4), n) for n in (64, 4096)}
+    binomial = {n: c.memory_analysis().temp_size_in_bytes for n, c in compiled.items()}
     assert binomial[64] == binomial[4096]
+    # The program does not grow with N either: the same HLO instructions (the schedule is a
+    # constant table, printed elided), the same loops.
+    hlo = {n: c.as_text().splitlines() for n, c in compiled.items()}
+    assert len(hlo[64]) == len(hlo[4096])
+    assert sum(" while(" in line for line in hlo[64]) == sum(
+        " while(" in line for line in hlo[4096]
+    )
     # 4 snapshots, the last step's input, the current carry and its cotangent, plus a few
     # carry-sized temporaries of one step's VJP.
     assert binomial[4096] <= 12 * carry
@@ -257,10 +268,11 @@ def test_zero_length_scan_is_plain():
 
 def test_apply_switches_an_nnx_layer_stack_to_binomial():
     """`remat.apply(fn, Strategy(schedule=Binomial(8)))` on an `nnx.scan` stack: same
-    gradients as the plain stack, less compiled temp memory than plain and per-step."""
+    gradients as the plain stack, less compiled temp memory than plain and per-step
+    checkpointing. (`Nested` through `apply` is tested in tests/test_rewrite.py.)"""
     from flax import nnx
 
-    layers, batch, width = 64, 8, 16
+    layers, batch, width = 32, 8, 16
 
     class Block(nnx.Module):
         def __init__(self, rngs):
@@ -289,13 +301,12 @@ def test_apply_switches_an_nnx_layer_stack_to_binomial():
         "plain": loss,
         "per_step": remat.apply(loss, "full"),
         "binomial": remat.apply(loss, remat.Strategy(schedule=remat.Binomial(8))),
-        "nested": remat.apply(loss, remat.Strategy(schedule=remat.Nested(2))),
     }
     temps, grads = {}, {}
     for name, f in variants.items():
         compiled = jax.jit(jax.value_and_grad(f)).lower(state, x).compile()
         temps[name] = compiled.memory_analysis().temp_size_in_bytes
         grads[name] = compiled(state, x)
-    for name in ("per_step", "binomial", "nested"):
+    for name in ("per_step", "binomial"):
         assert_tree_allclose(grads[name], grads["plain"], scale=10.0)
-    assert temps["binomial"] < temps["nested"] < temps["per_step"] < temps["plain"], temps
+    assert temps["binomial"] < temps["per_step"] < temps["plain"], temps

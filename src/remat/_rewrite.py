@@ -53,12 +53,12 @@ from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
-from ._scan_info import _source as _source  # imported from here by the planner
+from ._scan_info import _source as _source  # imported from here by `_costmodel`
 from ._strategy import Strategy, as_strategy, resolve_policy
 from ._warnings import RematWarning
 
-_count = count  # imported from here by the planner (`_tag.py`)
 _P = jcore.primitives
+_count = count  # the number of scans in a jaxpr; imported from here by `_tag`
 
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
@@ -428,7 +428,8 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
             from ._scan import scan  # the scan issue's module; imported when first needed
 
             def step(carry, x):
-                return body(consts, carry, x)
+                new, ys = body(consts, carry, x)
+                return type(carry)(new), ys  # the same sequence type as handed in
 
             return scan(
                 step,

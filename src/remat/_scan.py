@@ -5,13 +5,16 @@ pass, so its memory is O(N) carries. The schedules here trade recomputation for 
 
 - ``"none"`` / ``"per_step"``: `lax.scan`, with the body checkpointed under ``policy``.
 - `Nested`: ``levels`` nested scans; each level's block body is checkpointed, so the
-  backward pass keeps about ``sum(lengths)`` carries (``~ levels * N**(1/levels)``) and
-  recomputes each step about ``levels - 1`` extra times. Any ``N`` works: the steps that do
-  not fill a whole block run as one shorter remainder block.
+  backward pass keeps about ``sum(lengths)`` carries (``~ levels * N**(1/levels)``) and runs
+  each step ``levels + 1`` times per gradient (with the default per-step policy). Any ``N``
+  works: the steps that do not fill a whole block run as one shorter remainder block (an
+  exact factorisation of ``N`` is preferred when one is nearly as good; see
+  `nested_lengths`).
 - `Binomial`: Griewank's offline binomial checkpointing (Revolve, see `_revolve.py`). The
   forward pass is a plain scan that keeps the carries the schedule stores in its first sweep;
   the backward pass runs the rest of the schedule (computed in Python at trace time, encoded
-  as an int32 table) in one `lax.fori_loop` with a fixed buffer of ``snapshots`` carries.
+  as an int32 table) in one `lax.fori_loop` with a fixed buffer of ``snapshots + 1`` carries
+  (the snapshots and the last step's input).
   Compiled memory is O(snapshots * carry) and the program does not grow with ``N``; the body
   runs ``revolve_cost(N, snapshots) + N + 1`` times per gradient (the fewest for that many
   stored carries).
