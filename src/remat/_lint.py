@@ -76,7 +76,8 @@ def lint(
         scalar ``fn`` and concrete ``args``. Other findings need no compilation.
 
     Returns:
-      The findings, in program order; an empty list when nothing is wrong.
+      The findings (per check, in program order), without duplicates; an empty list when
+      nothing is wrong.
 
     Raises:
       TypeError: if ``fn`` is not callable or an argument leaf is not an array.
