@@ -161,7 +161,10 @@ def test_scan_matches_lax_scan(n, schedule, policy, reverse, dtype):
 # --- plans: fit the budget or say they cannot; the same program and budget, the same plan ---
 
 PLAN_PROFILE = settings(PROFILE, max_examples=max(1, PROFILE.max_examples // 3))
-BUDGETS = st.one_of(st.floats(0.05, 1.0), st.sampled_from(["30%", "75%", "100%"]))
+# Small stacks rarely go below ~60% of their peak, so most budgets are drawn where plans fit.
+BUDGETS = st.one_of(
+    st.floats(0.7, 1.0), st.floats(0.05, 1.0), st.sampled_from(["30%", "75%", "100%"])
+)
 
 
 def _fixed_stack(depth=8, width=5, batch=3, pytree_carry=False):
