@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import sys
 import time
@@ -28,9 +29,13 @@ BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKERS = ("<!-- demo:start -->", "<!-- demo:end -->")
 
 
-def section(report: Report, wall_seconds: float | None) -> str:
+def section(report: Report, wall_seconds: float | None, load: float | None = None) -> str:
     """The BENCHMARKS.md section for a demo report."""
     timing = f" The whole demo took {wall_seconds:.0f} s." if wall_seconds else ""
+    if load is not None:
+        timing += f" The machine's load average was {load:.1f} at the end of the run" + (
+            " (other jobs shared the cores, so ms/step is noisy)." if load > 2.5 else "."
+        )
     return "\n".join(
         [
             MARKERS[0],
@@ -44,9 +49,9 @@ def section(report: Report, wall_seconds: float | None) -> str:
             "",
             "Peak memory is XLA's compiled memory analysis of the whole training step "
             "(`jax.value_and_grad` of the loss, parameters and gradients included); residuals "
-            "are what autodiff keeps for the backward pass, counted once per layer; GFLOPs are "
-            "the matmuls of the optimised HLO with the layer loop's trip count; ms/step is the "
-            "median of the timed steps after a warm-up.",
+            "are what autodiff keeps for the backward pass, one copy per layer; GFLOPs are "
+            "the matmuls of the optimised HLO with the layer loop's trip count. Memory and FLOPs are "
+            "exact and repeatable; ms/step is the median of the timed steps after a warm-up.",
             "",
             report.markdown(),
             "",
@@ -72,15 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("remat-demo"), help="demo output dir")
     parser.add_argument("--no-write", action="store_true", help="print, do not touch the file")
     args, demo_args = parser.parse_known_args(argv)
-    wall = None
+    wall = load = None
     if args.report is None:
         start = time.perf_counter()
         code = remat_main(["demo", "--out", str(args.out), *demo_args])
         wall = time.perf_counter() - start
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         if code:
             return code
         args.report = args.out / "report.json"
-    text = section(Report.from_json(args.report), wall)
+    text = section(Report.from_json(args.report), wall, load)
     if args.no_write:
         print(text)
     else:

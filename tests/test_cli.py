@@ -186,7 +186,13 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
             rows=rows, baseline=baseline, machine=Machine("cpu", "cpu", 1, "0"), title=title
         )
 
+    def fake_plan(fn, *args, budget):  # the planner has tests of its own (test_plan.py)
+        from remat import InfeasibleBudget
+
+        raise InfeasibleBudget(budget, 100, 200, 400)
+
     monkeypatch.setattr("remat._compare.compare", fake_compare)
+    monkeypatch.setattr("remat._plan.plan", fake_plan)
     out = tmp_path / "demo"
     assert main(["demo", *TINY_DEMO, "--repeats", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
@@ -197,8 +203,9 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
     for label in report.labels:
         assert any(label in line for line in printed)
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
-    assert printed[-1] == pick_sentence(report)
-    assert "pick full:" in printed[-1]  # hand-made rows: full is the cheapest under 20 MiB
+    assert printed[-2] == pick_sentence(report)
+    assert "pick full:" in printed[-2]  # hand-made rows: full is the cheapest under 20 MiB
+    assert printed[-1].startswith("remat.plan: remat.plan cannot fit budget 0.5")
 
 
 @pytest.mark.slow
@@ -209,4 +216,5 @@ def test_demo_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out.strip().splitlines()
     report = Report.from_json(tmp_path / "report.json")
     assert len(report.rows) >= 6 and report.baseline == "none"
-    assert printed[-1] == pick_sentence(report)
+    assert printed[-2] == pick_sentence(report)
+    assert printed[-1].startswith("remat.plan")  # the planner's choice for half the memory

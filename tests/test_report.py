@@ -129,6 +129,9 @@ def test_from_json_rejects_other_files(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="not a remat report"):
         Report.from_json(tmp_path / "a.json")
+    (tmp_path / "c.json").write_text(json.dumps({"format": "remat.Report", "version": 1}))
+    with pytest.raises(ValueError, match="malformed: KeyError"):
+        Report.from_json(tmp_path / "c.json")
     (tmp_path / "b.json").write_text("{not json")
     with pytest.raises(ValueError, match="invalid JSON"):
         Report.from_json(tmp_path / "b.json")
@@ -156,7 +159,7 @@ def test_plot_rejects_bad_y_and_untimed_reports(tmp_path, report):
 
 
 def test_report_is_public():
-    assert remat.Report is Report
+    assert remat.Report is Report and remat.Machine is Machine
 
 
 def test_labels_do_not_overlap_each_other_or_leave_the_axes():

@@ -28,8 +28,9 @@ from ._rewrite import list_scans as list_scans
 from ._rewrite import rewrite_scans as rewrite_scans
 
 # --- measure, compare, report (issue 3) ---
-from ._measure import measure as measure
 from ._compare import compare as compare
+from ._measure import measure as measure
+from ._report import Machine as Machine
 from ._report import Report as Report
 
 # --- scan, revolve (issue 4) ---
@@ -49,3 +50,4 @@ from ._findings import Finding as Finding
 from ._lint import lint as lint
 
 # --- sharding, offload (issue 6) ---
+from ._sharding import per_device_bytes as per_device_bytes

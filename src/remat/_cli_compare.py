@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
     )
     print(report)
     if args.out is not None:
-        print(f"wrote {report.to_json(args.out / 'report.json')}")
-        print(f"wrote {report.plot(args.out / 'pareto.png')}")
+        try:
+            print(f"wrote {report.to_json(args.out / 'report.json')}")
+            print(f"wrote {report.plot(args.out / 'pareto.png')}")
+        except OSError as err:
+            raise CliError(f"cannot write into {args.out}: {err}", EXIT_USAGE) from err
     return 0

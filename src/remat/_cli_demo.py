@@ -9,6 +9,7 @@ the memory.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import warnings
 from pathlib import Path
@@ -65,6 +66,15 @@ def register(subparsers) -> None:
         parser.add_argument(flag, type=int, default=value, help=f"(default {value})")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per strategy")
     parser.add_argument(
+        "--sharded",
+        action="store_true",
+        help=(
+            "the same GPT with its batch over a 'data' axis and its parameters over an "
+            "'fsdp' axis of a (4, 2) mesh of 8 devices (8 CPU devices in a subprocess if "
+            "this process has fewer); memory is then per device"
+        ),
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("remat-demo"),
@@ -82,13 +92,23 @@ def run(args: argparse.Namespace) -> int:
     sizes = {name: getattr(args, name) for name in DEFAULTS}
     if any(v < 1 for v in sizes.values()) or args.repeats < 0:
         raise CliError(f"sizes must be positive and --repeats >= 0; got {sizes}", EXIT_USAGE)
-    try:
-        loss_fn, fn_args = make_gpt(**sizes)
-    except ValueError as err:
-        raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
-
     title = "GPT: {layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}"
     title = title.format(**sizes)
+    build = make_gpt
+    if getattr(args, "sharded", False):
+        from ._gpt_sharded import demo_argv, make_mesh, make_sharded_gpt, rerun_with_devices
+
+        code = rerun_with_devices(8, demo_argv(args, DEFAULTS))
+        if code is not None:  # ran in a subprocess with 8 CPU devices
+            return code
+        mesh = make_mesh((4, 2), ("data", "fsdp"))
+        title += ", sharded over (data=4, fsdp=2)"
+        build = functools.partial(make_sharded_gpt, mesh)
+
+    try:
+        loss_fn, fn_args = build(**sizes)
+    except ValueError as err:
+        raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
     print(f"remat demo: {title}; measuring the training step (value and gradient) ...")
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -104,38 +124,41 @@ def run(args: argparse.Namespace) -> int:
         )
     print(report)
     half = 0.5 * report.baseline_measurement.peak_bytes
-    planned, plan_line = _plan_half(loss_fn, fn_args, report)
-    json_path = report.to_json(args.out / "report.json")
-    png_path = report.plot(
-        args.out / "pareto.png",
-        budget=half,
-        budget_label="half the baseline's peak",
-        extra=planned,
-        highlight=report.cheapest(0.5),
-    )
+    planned, plan_line = _plan_half(loss_fn, fn_args)
+    try:
+        json_path = report.to_json(args.out / "report.json")
+        png_path = report.plot(
+            args.out / "pareto.png",
+            budget=half,
+            budget_label="half the baseline's peak",
+            extra=planned,
+            highlight=report.cheapest(0.5),
+        )
+    except OSError as err:
+        raise CliError(f"cannot write into {args.out}: {err}", EXIT_USAGE) from err
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     print(plan_line)
     return 0
 
 
-def _plan_half(loss_fn, fn_args, report: Report) -> tuple[list, str]:
+def _plan_half(loss_fn, fn_args) -> tuple[list, str]:
     """`remat.plan` at half the baseline's peak: the plot point and one sentence."""
-    from ._plan import InfeasibleBudget, plan
+    from . import _plan
 
-    base = report.baseline_measurement
     try:
-        p = plan(loss_fn, *fn_args, budget=0.5)
-    except InfeasibleBudget as err:
+        p = _plan.plan(loss_fn, *fn_args, budget=0.5)
+    except _plan.InfeasibleBudget as err:
         return [], f"remat.plan: {str(err).replace('`', '')}"
-    m, peak = p.measured, p.measured_peak_bytes
+    m, peak, base_peak = p.measured, p.measured_peak_bytes, p.baseline_peak_bytes
     schedules = ", ".join(sorted({str(s.schedule) for s in p.scans}))
     saved = sum(len(s.names) for s in p.scans)
     line = (
         f"remat.plan for half the memory: saves {saved} chosen values per step "
-        f"(schedule {schedules}), peak {peak / MIB:.1f} MiB ({peak / base.peak_bytes:.0%} of "
+        f"(schedule {schedules}), peak {peak / MIB:.1f} MiB ({peak / base_peak:.0%} of "
         f"the baseline; predicted {p.predicted_peak_bytes / MIB:.1f}) for "
-        f"{m.flops / base.flops:.2f}× the baseline's FLOPs, solved in {p.solve_seconds:.1f} s."
+        f"{m.flops / p.baseline_flops:.2f}× the baseline's FLOPs, solved in "
+        f"{p.solve_seconds:.1f} s."
     )
     return [("plan 50%", peak, m.flops)], line
 

@@ -26,6 +26,7 @@ from jax.extend import core as jcore
 
 from ._milp import Node
 from ._rewrite import ScanInfo, _source
+from ._shard_counts import shard_counts
 from ._tag import _spec, eval_tagged, flatten, is_tagged, value_name
 
 _NAMED = re.compile(r"named '(remat_[^']+)'")
@@ -123,17 +124,29 @@ class ScanModel:
         ]
 
 
-def model_scan(info: ScanInfo) -> ScanModel:
-    """Builds the cost model of one scan (a `remat.list_scans` entry)."""
+def model_scan(
+    info: ScanInfo, input_splits: Sequence[tuple[int, ...]] | None = None, num_devices: int = 1
+) -> ScanModel:
+    """Builds the cost model of one scan (a `remat.list_scans` entry).
+
+    For a program sharded over several devices, ``input_splits`` gives, per body input, how
+    many pieces each dimension is cut into (see `remat._shard_counts.scan_input_splits`);
+    every value's bytes are then its bytes on one device, as XLA's memory analysis counts.
+    """
     index, nc, nk = info.position, info.num_consts, info.num_carry
     flat = flatten(info.jaxpr)
     jaxpr = flat.jaxpr
+    counts = shard_counts(flat, list(input_splits), num_devices) if input_splits else {}
+
+    def aval_bytes_of(var: Any) -> int:  # per device
+        return aval_bytes(var.aval) // counts.get(var, 1)
+
     values: list[Value] = []
     where: dict[Any, int] = {}  # var -> index in values
     invariant_vars = set(jaxpr.invars[:nc]) | set(jaxpr.constvars)
     carry_bytes = 0
     for i, var in enumerate(jaxpr.invars[nc : nc + nk]):
-        carry_bytes += aval_bytes(var.aval)
+        carry_bytes += aval_bytes_of(var)
         where[var] = len(values)
         values.append(
             Value(
@@ -141,7 +154,7 @@ def model_scan(info: ScanInfo) -> ScanModel:
                 primitive="carry",
                 shape=tuple(var.aval.shape),
                 dtype=str(var.aval.dtype),
-                bytes=aval_bytes(var.aval),
+                bytes=aval_bytes_of(var),
                 flops=0.0,
                 inputs=(),
                 needed=False,
@@ -171,7 +184,7 @@ def model_scan(info: ScanInfo) -> ScanModel:
                     primitive=e.primitive.name,
                     shape=tuple(var.aval.shape),
                     dtype=str(var.aval.dtype),
-                    bytes=aval_bytes(var.aval),
+                    bytes=aval_bytes_of(var),
                     flops=flops,
                     inputs=inputs,
                     needed=False,
@@ -215,6 +228,12 @@ def _needed(flat: Any, index: int, names: dict[str, int], nc: int, nk: int) -> t
     return needed, forced
 
 
-def model_scans(scans: Sequence[ScanInfo]) -> tuple[ScanModel, ...]:
-    """Cost models of the given scans, in order."""
-    return tuple(model_scan(info) for info in scans)
+def model_scans(
+    scans: Sequence[ScanInfo],
+    splits: dict[int, list[tuple[int, ...]]] | None = None,
+    num_devices: int = 1,
+) -> tuple[ScanModel, ...]:
+    """Cost models of the given scans, in order (per device, with ``splits`` of a sharded
+    program; see `model_scan`)."""
+    splits = splits or {}
+    return tuple(model_scan(info, splits.get(info.position), num_devices) for info in scans)

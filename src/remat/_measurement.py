@@ -16,7 +16,7 @@ class Residual:
     Attributes:
       shape: the shape of one copy (per scan step, when kept inside a scan).
       dtype: its dtype name, e.g. ``"float32"``.
-      bytes: bytes of one copy.
+      bytes: bytes of one copy (on one device, for a program sharded over several).
       multiplicity: how many copies are kept: the product of the lengths of the scans
         around it (1 outside any scan).
       primitive: the primitive that produced it (``"dot_general"``, ...), or ``"argument"``.

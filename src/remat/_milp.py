@@ -57,6 +57,10 @@ class Node:
         together (one scan step's); a unique group per scan and option.
       option: the index of the `Option` it belongs to, if any: it exists only if that
         option is chosen.
+      offload_flops: the cost of keeping it in host memory instead of on the device (its
+        ``bytes * multiplicity`` copied out and back, in FLOP-equivalents: see
+        `remat._offload`), or None when it cannot be offloaded. An offloaded value costs no
+        device memory and counts as available, like a saved one.
     """
 
     bytes: int
@@ -69,6 +73,7 @@ class Node:
     recomputable: bool = True
     group: int = 0
     option: int | None = None
+    offload_flops: float | None = None
 
     @property
     def recompute_flops(self) -> float:
@@ -90,6 +95,9 @@ class Solution:
       transient_bytes: the largest group's recomputed bytes (those the backward pass
         needs), or the largest chosen option's transient memory.
       options: indices of the chosen options.
+      offloaded: indices of the nodes kept in host memory (see `Node.offload_flops`).
+      offload_flops: their transfer cost, in FLOP-equivalents (included in the objective,
+        not in ``recompute_flops``).
     """
 
     saved: frozenset[int]
@@ -98,6 +106,8 @@ class Solution:
     saved_bytes: int
     transient_bytes: int
     options: tuple[int, ...] = ()
+    offloaded: frozenset[int] = frozenset()
+    offload_flops: float = 0.0
 
     @property
     def memory_bytes(self) -> int:
@@ -145,6 +155,8 @@ def _solution(nodes: Sequence[Node], options: Sequence[Option], x: np.ndarray) -
     saved = frozenset(i for i in range(n) if x[i] > 0.5)
     recomputed = frozenset(i for i in range(n) if x[n + i] > 0.5)
     chosen = tuple(k for k in range(len(options)) if x[2 * n + 1 + k] > 0.5)
+    off = 2 * n + 1 + len(options)
+    offloaded = frozenset(i for i in range(n) if x.size > off + i and x[off + i] > 0.5)
     groups: dict[int, float] = {}
     for i in recomputed:
         if nodes[i].needed:
@@ -159,6 +171,8 @@ def _solution(nodes: Sequence[Node], options: Sequence[Option], x: np.ndarray) -
         + int(sum(options[k].bytes for k in chosen)),
         transient_bytes=int(max(transients, default=0)),
         options=chosen,
+        offloaded=offloaded,
+        offload_flops=float(sum(nodes[i].offload_flops or 0.0 for i in offloaded)),
     )
 
 
@@ -169,6 +183,7 @@ def solve(
     options: Sequence[Option] = (),
     fixed_bytes: float = 0,
     transient_weight: float = 1.0,
+    stored_weight: float = 1.0,
     minimize: str = "flops",
     time_limit: float = 30.0,
 ) -> Solution | None:
@@ -182,6 +197,8 @@ def solve(
       fixed_bytes: memory that does not depend on the choice.
       transient_weight: the fraction of the transient memory counted against the budget
         (calibrated on the compiled program: XLA fuses much of a step's recomputation).
+      stored_weight: the factor by which stored bytes (saved nodes, options' bytes) are
+        counted (calibrated likewise; 1 unless the compiled program keeps more or less).
       minimize: ``"flops"`` (the cheapest choice that fits) or ``"memory"`` (the smallest
         memory reachable at all, whatever it costs; the budget is ignored).
       time_limit: seconds HiGHS may take.
@@ -211,24 +228,27 @@ def solve(
     if minimize not in ("flops", "memory"):
         raise ValueError(f"`remat._milp.solve` got minimize={minimize!r}; use 'flops' or 'memory'.")
     n, m = len(nodes), len(options)
-    nvar = 2 * n + 1 + m  # save[0..n), recompute[0..n), transient, chosen[0..m)
-    t, y = 2 * n, 2 * n + 1
+    # save[0..n), recompute[0..n), transient, chosen[0..m), offload[0..n)
+    nvar = 3 * n + 1 + m
+    t, y, off = 2 * n, 2 * n + 1, 2 * n + 1 + m
     mem = np.zeros(nvar)
     flops = np.zeros(nvar)
     for i, node in enumerate(nodes):
-        mem[i] = node.bytes * node.multiplicity
+        mem[i] = stored_weight * node.bytes * node.multiplicity
         flops[n + i] = node.recompute_flops
+        flops[off + i] = node.offload_flops or 0.0
     mem[t] = transient_weight
     for k, opt in enumerate(options):
-        mem[y + k] = opt.bytes
+        mem[y + k] = stored_weight * opt.bytes
         flops[y + k] = opt.flops
     scale_mem = max(float(np.abs(mem).max()), 1.0)
     scale_flops = max(float(flops.sum()), 1.0)
-    if minimize == "flops":
-        # The memory term is worth less than the smallest FLOP difference that matters.
-        c = flops / scale_flops + 1e-7 * mem / (scale_mem * (nvar + 1))
-    else:
-        c = mem / scale_mem + 1e-7 * flops / scale_flops
+    # Lexicographic objectives: first the fewest FLOPs (or the least memory), then, among
+    # those, the least memory (or FLOPs). A tiny tie-breaking term in one objective instead
+    # misleads HiGHS into stopping at worse solutions.
+    first, second = flops / scale_flops, mem / scale_mem
+    if minimize == "memory":
+        first, second = second, first
 
     data, rows, cols, lo, hi = [], [], [], [], []
 
@@ -245,10 +265,10 @@ def solve(
         exists = {} if node.option is None else {y + node.option: -1.0}
         bound = 0.0 if node.option is not None else 1.0
         if node.needed:
-            row({i: 1.0, n + i: 1.0, **exists}, bound, np.inf)  # S + R >= exists
-        row({i: 1.0, n + i: 1.0, **exists}, -np.inf, bound)  # S + R <= exists
+            row({i: 1.0, n + i: 1.0, off + i: 1.0, **exists}, bound, np.inf)  # S+R+O >= exists
+        row({i: 1.0, n + i: 1.0, off + i: 1.0, **exists}, -np.inf, bound)  # S+R+O <= exists
         for u in sorted(set(node.inputs)):
-            row({n + i: 1.0, u: -1.0, n + u: -1.0}, -np.inf, 0.0)
+            row({n + i: 1.0, u: -1.0, n + u: -1.0, off + u: -1.0}, -np.inf, 0.0)
     for g in sorted({node.group for node in nodes}):
         coeffs = {
             n + i: node.bytes / scale_mem
@@ -270,21 +290,33 @@ def solve(
     for i, node in enumerate(nodes):
         upper[i] = 1.0 if node.saveable else 0.0
         upper[n + i] = 1.0 if node.recomputable else 0.0
+        upper[off + i] = 1.0 if node.saveable and node.offload_flops is not None else 0.0
     upper[t] = np.inf
     integrality = np.ones(nvar)
     integrality[t] = 0
     matrix = sparse.csr_array((data, (rows, cols)), shape=(len(lo), nvar))
-    result = milp(
-        c,
-        constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)) if lo else (),
-        integrality=integrality,
-        bounds=Bounds(np.zeros(nvar), upper),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
-    )
+    bounds = Bounds(np.zeros(nvar), upper)
+    # HiGHS's presolve has been seen to call feasible programs of this shape infeasible; these
+    # programs are small, so they are solved without it.
+    options_ = {"time_limit": time_limit, "mip_rel_gap": 1e-9, "presolve": False}
+    constraints = [LinearConstraint(matrix, np.array(lo), np.array(hi))] if lo else []
+    result = milp(first, constraints=constraints, integrality=integrality, bounds=bounds,
+                  options=options_)  # fmt: skip
+    if result.x is not None:
+        best = float(first @ np.round(result.x))
+        keep = LinearConstraint(first[None, :], -np.inf, best + 1e-9 * max(1.0, abs(best)))
+        tie = milp(second, constraints=[*constraints, keep], integrality=integrality,
+                   bounds=bounds, options=options_)  # fmt: skip
+        if tie.x is not None:
+            result = tie
     if result.x is None:
         return None
     solution = _solution(nodes, options, np.round(result.x))
-    used = fixed_bytes + solution.saved_bytes + transient_weight * solution.transient_bytes
+    used = (
+        fixed_bytes
+        + stored_weight * solution.saved_bytes
+        + transient_weight * solution.transient_bytes
+    )
     if minimize == "flops" and used > budget_bytes * (1 + 1e-6):
         return None
     return solution

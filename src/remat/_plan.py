@@ -29,6 +29,7 @@ import json
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from ._io import atomic_write_text
 from ._measure import _check_args, _check_scalar
 from ._measurement import Measurement
 from ._milp import Node, Option, solve
+from ._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from ._plan_json import PLAN_FORMAT, encode_schedule, plain
 from ._plan_measure import compile_measure, light_peak, peak_of
 from ._plan_options import (
@@ -50,11 +52,20 @@ from ._plan_options import (
     candidates,
     decode,
     fixed_choice,
+    offload_costs,
     stored_bytes,
 )
 from ._schedule import Schedule
+from ._shard_counts import scan_input_splits
 from ._tag import planned_scans, rewrite
+from ._warnings import RematWarning
 
+_NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
+_ABSTRACT = (
+    "`remat.plan` got a `jax.ShapeDtypeStruct` argument; the planner traces the function with "
+    "its arguments' values' shapes and shardings, so pass arrays (on a mesh: "
+    "`jax.device_put(x, sharding)`, or `jax.make_array_from_process_local_data`)."
+)
 _NO_SCAN = (
     "`remat.plan` found no `scan` in {name}. The planner chooses what each scan step saves; "
     "put the layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`), or use "
@@ -101,7 +112,8 @@ class Plan:
       fn: ``fn`` rewritten by the plan: same signature, same values and gradients.
       scans: one `ScanPlan` per planned scan.
       budget_bytes: the budget the plan was made for.
-      predicted_peak_bytes: the peak memory the calibrated model predicted for the plan.
+      predicted_peak_bytes: the peak memory the calibrated model predicted for the plan
+        before compiling it (corrected by the measured rounds before it, if any).
       measured: the plan's `remat.Measurement` (``None`` for a plan loaded without one).
       baseline_peak_bytes: the un-checkpointed gradient step's peak.
       baseline_flops: the un-checkpointed gradient step's matmul FLOPs.
@@ -214,6 +226,8 @@ def plan(
     schedules: bool = True,
     max_rounds: int = 4,
     device_memory: int | None = None,
+    offload: bool = False,
+    host_bandwidth: float = HOST_BANDWIDTH,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -232,6 +246,15 @@ def plan(
       schedules: also consider `Nested` and `Binomial` schedules (else only ``per_step``).
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes, if a budget above it should be refused.
+      offload: also consider keeping saved values in host memory (see `remat._offload`),
+        at a cost of ``2 * bytes / host_bandwidth`` seconds each, weighed against
+        recomputation at the device's measured matmul rate. Only where the device has a
+        host memory space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and
+        the plan is made without offloading.
+      host_bandwidth: device-to-host bytes per second, each way (default 25e9, PCIe 4.0).
+
+    For arguments sharded over a mesh (or a ``jax.jit`` with ``in_shardings``), the budget
+    and every memory number are per device, as XLA's memory analysis of the SPMD program.
 
     Returns:
       A `remat.Plan`; ``plan.fn`` takes ``fn``'s arguments and returns the same values and
@@ -262,8 +285,21 @@ def plan(
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"`remat.plan` got max_rounds={max_rounds!r}; pass an int >= 1.")
     parse_budget(budget, baseline_peak=2**62)  # a malformed budget fails before compiling
-    prepared = _prepare(fn, args, argnums, schedules)
+    offload = _offload_wanted(offload, host_bandwidth)
+    prepared = _prepare(fn, args, argnums, schedules, host_bandwidth if offload else None)
     return _plan_prepared(prepared, budget, max_rounds, device_memory)
+
+
+def _offload_wanted(offload: bool, host_bandwidth: float) -> bool:
+    """Whether to offer offloading: asked for, and the device has host memory to use."""
+    transfer_seconds(0, host_bandwidth)  # validates the bandwidth
+    if not offload:
+        return False
+    reason = offload_unavailable_reason()
+    if reason is not None:
+        warnings.warn(_NO_OFFLOAD.format(reason=reason), RematWarning, stacklevel=3)
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,15 +317,25 @@ class _Prepared:
     offsets: tuple[int, ...]
     base: float  # calibrated memory outside the modelled choice
     weight: float  # calibrated fraction of the transient memory that is live
+    stored: float  # calibrated factor on stored bytes
     smallest: int  # the smaller calibration peak
+    calibration: tuple[tuple[Any, int], ...]  # (Choice, measured peak) of the two points
     fingerprint: str
     model_seconds: float
 
 
-def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedules: bool):
+def _prepare(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    argnums: Any,
+    schedules: bool,
+    host_bandwidth: float | None = None,
+):
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
+        raise TypeError(_ABSTRACT)
     try:  # the same checks as `remat.measure`, named for `remat.plan`
-        _check_args(args, argnums, 0)  # measure._check_args(args, argnums, repeats)
+        _check_args(args, argnums, 0)
         _check_scalar(fn, args)
     except (TypeError, ValueError) as err:
         raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
@@ -297,9 +343,13 @@ def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedule
     infos = planned_scans(fn, *args)
     if not infos:
         raise ValueError(_NO_SCAN.format(name=f"`{getattr(fn, '__qualname__', repr(fn))}`"))
-    models = model_scans(infos)
+    # Sharded arguments, or a jit with in/out shardings: count values per device.
+    splits, devices = scan_input_splits(fn, *args)
+    models = model_scans(infos, splits if devices > 1 else None, devices)
     cands = candidates(models, schedules)
     nodes, options, offsets = assemble(cands)
+    if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
+        nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
     model_seconds = time.perf_counter() - clock
     baseline = compile_measure(fn, args, argnums, "none", None)
@@ -310,13 +360,10 @@ def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedule
     nothing = fixed_choice(cands, offsets, models, per_step, save=False)
     peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
     peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
-    base = peak_all - everything.model_bytes
-    transient = nothing.model_bytes - stored_bytes(nothing)
-    weight = (
-        min(max((peak_none - base - stored_bytes(nothing)) / transient, 0.0), 1.0)
-        if transient
-        else 1.0
-    )
+    base, stored, weight = calibrate(
+        peak_all, everything.model_bytes, peak_none, stored_bytes(nothing),
+        nothing.model_bytes - stored_bytes(nothing),
+    )  # fmt: skip
     return _Prepared(
         fn=fn,
         args=tuple(args),
@@ -329,7 +376,9 @@ def _prepare(fn: Callable[..., Any], args: Sequence[Any], argnums: Any, schedule
         offsets=tuple(offsets),
         base=float(base),
         weight=float(weight),
+        stored=float(stored),
         smallest=min(peak_all, peak_none),
+        calibration=((everything, peak_all), (nothing, peak_none)),
         fingerprint=print_,
         model_seconds=model_seconds,
     )
@@ -341,52 +390,116 @@ def _plan_prepared(
     """Solves, rewrites and measures for one budget (see `plan`)."""
     baseline_peak = peak_of(prep.baseline)
     budget_bytes = parse_budget(budget, baseline_peak, device_memory)
-    fn, args, argnums, weight = prep.fn, prep.args, prep.argnums, prep.weight
+    fn, args, argnums = prep.fn, prep.args, prep.argnums
+    weights = dict(transient_weight=prep.weight, stored_weight=prep.stored)
     solve_seconds = prep.model_seconds
     margin = 0.0
     smallest = prep.smallest
     measured_by_choice: dict[Any, Measurement] = {}
-    for rounds in range(1, max_rounds + 1):
+    best: tuple[Any, ...] | None = None
+    rounds = 0
+    while rounds < max_rounds:
+        rounds += 1
         clock = time.perf_counter()
         solution = solve(
             prep.nodes, budget_bytes, options=prep.options, fixed_bytes=prep.base + margin,
-            transient_weight=weight,
+            **weights,
         )  # fmt: skip
         last = solution is None
         if last:
+            if best is not None:
+                break
             solution = solve(prep.nodes, budget_bytes, options=prep.options,
-                             minimize="memory", transient_weight=weight)  # fmt: skip
-        choice = decode(solution, prep.cands, prep.offsets, prep.models, weight)
+                             minimize="memory", **weights)  # fmt: skip
+            if solution is None:  # the solver gave up (time limit)
+                break
+        choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored)
         solve_seconds += time.perf_counter() - clock
-        planned = rewrite(fn, choice.choices)
         key = tuple(
-            sorted((k, v.names, _schedule_key(v.schedule)) for k, v in choice.choices.items())
+            sorted(
+                (k, v.names, v.offload, _schedule_key(v.schedule))
+                for k, v in choice.choices.items()
+            )
         )
-        if key not in measured_by_choice:
-            measured_by_choice[key] = compile_measure(planned, args, argnums, "plan", prep.baseline)
+        seen = key in measured_by_choice
+        if not seen:
+            planned = rewrite(fn, choice.choices)
+            measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
+            measured_by_choice[key] = measured
         measured = measured_by_choice[key]
         peak = peak_of(measured)
         smallest = min(smallest, peak)
-        predicted = int(prep.base + choice.model_bytes)
+        # The model's prediction for this choice, corrected by the rounds measured before it.
+        predicted = int(prep.base + margin + choice.model_bytes)
+        error = peak - predicted  # > 0: the model was optimistic
         if peak <= budget_bytes:
-            return Plan(
-                fn=planned,
-                scans=choice.scans,
-                budget_bytes=budget_bytes,
-                predicted_peak_bytes=predicted,
-                measured=measured,
-                baseline_peak_bytes=baseline_peak,
-                baseline_flops=prep.baseline.flops,
-                solve_seconds=solve_seconds,
-                rounds=rounds,
-                fingerprint=prep.fingerprint,
-                argnums=argnums,
-            )
-        if last:
+            candidate = (choice.flops, peak, rounds, choice, measured, predicted)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+            if error >= -0.02 * budget_bytes or seen:
+                break  # the model was not pessimistic enough to leave a cheaper plan out
+        elif last:
             break
-        # The model was optimistic by (peak - predicted - margin): tighten by that much.
-        margin += max(peak - (predicted + margin), 0.01 * budget_bytes)
-    raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+        # Correct the model by what the compiled program showed: tighten when it was
+        # optimistic (at least 1% of the budget), loosen when it was pessimistic.
+        margin += max(error, 0.01 * budget_bytes) if peak > budget_bytes else error
+    if best is None:
+        # The model found nothing, but a calibration point (every needed value saved, or
+        # nothing saved) was measured to fit: fall back to the cheaper of those.
+        fits = [(c, p) for c, p in prep.calibration if p <= budget_bytes]
+        if not fits:
+            raise InfeasibleBudget(budget, budget_bytes, smallest, baseline_peak)
+        choice, peak = min(fits, key=lambda cp: (cp[0].flops, cp[1]))
+        planned = rewrite(fn, choice.choices)
+        measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
+        stored = stored_bytes(choice)
+        model = prep.stored * stored + prep.weight * (choice.model_bytes - stored)
+        best = (choice.flops, peak, rounds, choice, measured, int(prep.base + model))
+    _, _, _, choice, measured, predicted = best
+    return Plan(
+        fn=rewrite(fn, choice.choices),
+        scans=choice.scans,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=predicted,
+        measured=measured,
+        baseline_peak_bytes=baseline_peak,
+        baseline_flops=prep.baseline.flops,
+        solve_seconds=solve_seconds,
+        rounds=rounds,
+        fingerprint=prep.fingerprint,
+        argnums=argnums,
+    )
+
+
+def calibrate(
+    peak_all: float, stored_all: float, peak_none: float, stored_none: float, transient: float
+) -> tuple[float, float, float]:
+    """Fits ``peak = base + stored_weight * stored + transient_weight * transient``.
+
+    Two compiled points: every needed value saved (``stored_all``, no transient) and nothing
+    saved (``stored_none`` and ``transient``). With ``stored_weight = 1`` the two give
+    ``base`` and ``transient_weight``; when that weight falls outside ``[0, 1]`` it is clamped
+    and ``stored_weight`` is fitted instead.
+
+    Returns:
+      ``(base, stored_weight, transient_weight)``.
+
+    Example:
+      >>> from remat._plan import calibrate
+      >>> calibrate(peak_all=100, stored_all=80, peak_none=40, stored_none=10, transient=20)
+      (20.0, 1.0, 0.5)
+      >>> [round(x, 3) for x in calibrate(100, 80, peak_none=20, stored_none=10, transient=20)]
+      [8.571, 1.143, 0.0]
+    """
+    base = peak_all - stored_all
+    weight = (peak_none - base - stored_none) / transient if transient else 1.0
+    if 0.0 <= weight <= 1.0 or stored_all == stored_none:
+        return float(base), 1.0, float(min(max(weight, 0.0), 1.0))
+    weight = 0.0 if weight < 0 else 1.0
+    # peak_all = base + s * stored_all;  peak_none = base + s * stored_none + weight * transient
+    s = (peak_all - peak_none + weight * transient) / (stored_all - stored_none)
+    s = max(s, 0.0)
+    return float(peak_all - s * stored_all), float(s), weight
 
 
 def plan_budgets(

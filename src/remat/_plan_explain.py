@@ -41,6 +41,8 @@ def plan_table(plan: Any) -> Group:
                 f"{format_bytes(v.bytes)} × {v.multiplicity}",
                 v.source or "",
             )
+        for name in getattr(scan, "offloaded", ()):
+            table.add_row(name, "(offloaded to host memory)", "", "", "")
         if not scan.saved:
             table.add_row("(nothing: every value is recomputed)", "", "", "", "")
         parts.append(table)
@@ -57,5 +59,8 @@ def plan_table(plan: Any) -> Group:
         + ("(not measured)" if ratio is None else f"{ratio:.3f}× no checkpointing (matmuls)"),
         f"solved in       {plan.solve_seconds:.2f} s, {plan.rounds} round(s)",
     ]
+    devices = getattr(plan.measured, "num_devices", 1) if plan.measured is not None else 1
+    if devices > 1:  # an SPMD program: shapes are global, bytes and peaks are one device's
+        lines.append(f"per device      memory of one of {devices} devices; shapes are global")
     parts.append(Text("\n".join(lines)))
     return Group(*parts)

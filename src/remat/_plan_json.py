@@ -97,10 +97,14 @@ def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> An
             names=tuple(s["names"]),
             saved=tuple(_decode(SavedValue, v) for v in s["saved"]),
             recompute_flops=float(s["recompute_flops"]),
+            offloaded=tuple(s.get("offloaded", ())),
         )
         for s in data["scans"]
     )
-    choices = {s.position: ScanChoice(names=s.names, schedule=s.schedule) for s in scans}
+    choices = {
+        s.position: ScanChoice(names=s.names, schedule=s.schedule, offload=s.offloaded)
+        for s in scans
+    }
     argnums = data.get("argnums", 0)
     return Plan(
         fn=rewrite(fn, choices),

@@ -40,6 +40,7 @@ def compile_measure(
     from ._hlo import hlo_flops
     from ._measure import measure_compiled
     from ._residuals import saved_residuals
+    from ._sharding import num_devices
 
     step = jax.value_and_grad(fn, argnums)
     start = time.perf_counter()
@@ -65,7 +66,7 @@ def compile_measure(
         seconds=None,
         strategy=label,
         backend=jax.default_backend(),
-        num_devices=1,
+        num_devices=num_devices(compiled),
         plain_flops=None if baseline is None else baseline.flops,
     )
 

@@ -44,6 +44,7 @@ class ScanPlan:
     names: tuple[str, ...]
     saved: tuple[SavedValue, ...]
     recompute_flops: float
+    offloaded: tuple[str, ...] = ()  # names kept in host memory between the passes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +120,7 @@ class Choice:
     choices: dict[int, ScanChoice]
     scans: tuple[ScanPlan, ...]
     model_bytes: float  # saved + weighted transient, without the base
+    flops: float  # the model's recompute FLOPs
 
 
 def decode(
@@ -127,6 +129,7 @@ def decode(
     offsets: Sequence[int],
     models: Sequence[ScanModel],
     transient_weight: float,
+    stored_weight: float = 1.0,
 ) -> Choice:
     choices: dict[int, ScanChoice] = {}
     scans = []
@@ -147,6 +150,11 @@ def decode(
             )
         values = [model.values[i] for i in idx]
         names = tuple(v.name for v in values if v.primitive != "carry")
+        offloaded = tuple(
+            v.name
+            for i, v in enumerate(model.values)
+            if not cand.save_all and offsets[o] + i in solution.offloaded
+        )
         saved = tuple(
             SavedValue(
                 name=v.name,
@@ -160,7 +168,7 @@ def decode(
             for v in values
         )
         position = _positions(models)[cand.scan]
-        choices[position] = ScanChoice(names=names, schedule=cand.schedule)
+        choices[position] = ScanChoice(names=names, schedule=cand.schedule, offload=offloaded)
         scans.append(
             ScanPlan(
                 position=position,
@@ -170,10 +178,12 @@ def decode(
                 names=names,
                 saved=saved,
                 recompute_flops=float(flops),
+                offloaded=offloaded,
             )
         )
-    model_bytes = solution.saved_bytes + transient_weight * solution.transient_bytes
-    return Choice(choices, tuple(scans), model_bytes)
+    model_bytes = stored_weight * solution.saved_bytes + transient_weight * solution.transient_bytes
+    flops = float(sum(s.recompute_flops for s in scans))
+    return Choice(choices, tuple(scans), model_bytes, flops)
 
 
 def _positions(models: Sequence[ScanModel]) -> list[int]:
@@ -206,3 +216,33 @@ def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool) -> 
         options=tuple(options),
     )
     return decode(solution, cands, offsets, models, 1.0)
+
+
+def offload_costs(
+    nodes: Sequence[Node],
+    cands: Sequence[Candidate],
+    offsets: Sequence[int],
+    models: Sequence[ScanModel],
+    host_bandwidth: float,
+    flops_per_second: float | None = None,
+) -> list[Node]:
+    """``nodes`` with `Node.offload_flops` set for every named value a step may save.
+
+    The transfer time of a value's copies (`remat._offload.transfer_seconds`) is converted
+    to FLOPs at the device's matmul rate (measured once,
+    `remat._offload.device_flops_per_second`), so one objective weighs recomputation and
+    transfers.
+    """
+    from ._offload import device_flops_per_second, transfer_seconds
+
+    rate = flops_per_second or device_flops_per_second()
+    out = list(nodes)
+    for o, cand in enumerate(cands):
+        values = models[cand.scan].values
+        for i, node in enumerate(cand.nodes):
+            if node.saveable and values[i].primitive != "carry":
+                seconds = transfer_seconds(node.bytes * node.multiplicity, host_bandwidth)
+                out[offsets[o] + i] = dataclasses.replace(
+                    out[offsets[o] + i], offload_flops=seconds * rate
+                )
+    return out

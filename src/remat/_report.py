@@ -182,6 +182,16 @@ class Report:
         raise KeyError(f"`remat.Report` has no strategy {label!r}; it has {list(self.labels)}.")
 
     @property
+    def num_devices(self) -> int:
+        """The most devices any row's program ran on; above 1, every number is per device."""
+        return max(getattr(m, "num_devices", 1) for _, m in self.rows)
+
+    @property
+    def per_device(self) -> bool:
+        """Whether the rows are SPMD programs over several devices (numbers per device)."""
+        return self.num_devices > 1
+
+    @property
     def baseline_measurement(self) -> Measurement:
         """The baseline's `Measurement`."""
         return self[self.baseline]
@@ -224,7 +234,10 @@ class Report:
         """
         from rich.table import Table
 
-        table = Table(title=self.title or None, caption=self._caption(), caption_justify="left")
+        title = self.title
+        if self.num_devices > 1:  # an SPMD program: every memory number is one device's
+            title = f"{title} (per device, {self.num_devices} devices)".strip()
+        table = Table(title=title or None, caption=self._caption(), caption_justify="left")
         table.add_column("strategy", no_wrap=True)
         for header in _HEADERS[1:-1]:
             table.add_column(header, justify="right")
@@ -278,6 +291,11 @@ class Report:
 
     def _caption(self) -> str:
         lines = [f"machine: {self.machine.describe()}", "* on the peak-memory/FLOPs Pareto front"]
+        if self.num_devices > 1:
+            lines.append(
+                f"memory and FLOPs per device: XLA's analysis of the program partitioned over "
+                f"{self.num_devices} devices (SPMD)"
+            )
         if any(m.recompute_eliminated for _, m in self.rows):
             lines.append("! XLA removed the recomputation this strategy asked for")
         return "\n".join(lines)
@@ -388,7 +406,11 @@ class Report:
             raise ValueError(
                 _NOT_A_REPORT.format(path=path, why=f"version {data.get('version')!r}")
             )
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, AttributeError) as err:
+            why = f"malformed: {type(err).__name__}: {err}"
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from err
 
 
 def _ratio(value: float, base: float) -> str:

@@ -279,4 +279,8 @@ def saved_residuals(
     closed, vjp_shape = jax.make_jaxpr(forward, return_shape=True)(*leaves)
     num_res = len(jax.tree_util.tree_leaves(vjp_shape))
     jaxpr = closed.jaxpr
-    return residuals_of_jaxpr(jaxpr, jaxpr.outvars[len(jaxpr.outvars) - num_res :])
+    residual_vars = jaxpr.outvars[len(jaxpr.outvars) - num_res :]
+    residuals = residuals_of_jaxpr(jaxpr, residual_vars)
+    from ._shard_counts import per_device_residuals  # sharded arguments: bytes per device
+
+    return per_device_residuals(closed, leaves, residual_vars, residuals)

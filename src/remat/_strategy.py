@@ -13,6 +13,8 @@ from typing import Any
 
 import jax
 
+from ._offload import offload_available as offload_available
+from ._offload import offload_unavailable_reason
 from ._schedule import Schedule, check_schedule
 
 # Strategy strings and the `jax.checkpoint_policies` policy each one means.
@@ -123,17 +125,6 @@ def as_strategy(strategy: object, where: str = "remat.apply") -> Strategy:
     return Strategy(strategy)
 
 
-def offload_available(device: jax.Device | None = None) -> bool:
-    """Whether ``device`` has a host memory space distinct from its own to offload to."""
-    device = device if device is not None else jax.devices()[0]
-    try:
-        kinds = {m.kind for m in device.addressable_memories()}
-        own = device.default_memory().kind
-    except Exception:  # backends without memory-space support
-        return False
-    return own != "pinned_host" and "pinned_host" in kinds and device.platform != "cpu"
-
-
 def resolve_policy(policy: object, where: str = "remat.apply") -> Callable[..., Any] | None:
     """Returns the callable that `jax.checkpoint(policy=...)` takes for a strategy's policy.
 
@@ -156,11 +147,12 @@ def resolve_policy(policy: object, where: str = "remat.apply") -> Callable[..., 
     names = _split_names(policy, where)
     if policy.startswith("names:"):
         return jax.checkpoint_policies.save_only_these_names(*names)
-    if not offload_available():
+    reason = offload_unavailable_reason()
+    if reason is not None:
         raise ValueError(
-            f"`{where}` got strategy {policy!r}, but the default device "
-            f"({jax.devices()[0].platform}) has no separate host memory space to offload to. "
-            f"Use 'names:{','.join(names)}' to save these values on the device instead."
+            f"`{where}` got strategy {policy!r}, but there is no host memory to offload to "
+            f"({reason}). Use 'names:{','.join(names)}' to save these values on the device "
+            "instead."
         )
     return jax.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=[],

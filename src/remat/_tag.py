@@ -106,6 +106,18 @@ class ScanChoice:
 
     names: tuple[str, ...] | None
     schedule: Any = "per_step"
+    offload: tuple[str, ...] = ()  # names kept in host memory (see `remat._offload`)
+
+    def policy(self) -> Any:
+        """The `jax.checkpoint` policy: save ``names``, offload ``offload`` to the host."""
+        if not self.offload:
+            return jax.checkpoint_policies.save_only_these_names(*(self.names or ()))
+        return jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(self.names or ()),
+            names_which_can_be_offloaded=list(self.offload),
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
 
 
 def planned_scans(fn: Callable, *args: Any) -> list[ScanInfo]:
@@ -145,8 +157,7 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
             return list(outs[:nk]), list(outs[nk:])
 
         if choice.schedule == "per_step":
-            policy = jax.checkpoint_policies.save_only_these_names(*choice.names)
-            return jax.checkpoint(tagged, policy=policy, prevent_cse=False)
+            return jax.checkpoint(tagged, policy=choice.policy(), prevent_cse=False)
         return tagged
 
     def loop(info: ScanInfo, body: Any, consts, init, xs):
@@ -159,7 +170,7 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
             new, ys = body(consts, carry, x)
             return type(carry)(new), ys  # the loop may hand the carry in as a tuple
 
-        policy = jax.checkpoint_policies.save_only_these_names(*choice.names)
+        policy = choice.policy()
         return scan(
             step, list(init), list(xs), length=info.length, reverse=info.reverse,
             schedule=choice.schedule, policy=policy,

@@ -1,0 +1,308 @@
+"""Cases for test_sharded.py, run in a process of their own with 8 CPU devices.
+
+Usage: ``python tests/sharded_cases.py [case ...]`` prints one JSON object on stdout,
+``{case: result}``, where a result is a dict of plain numbers and flags, or
+``{"error": "...", "traceback": "..."}`` when the case raised. The test process keeps one
+device; only this process sees eight (XLA_FLAGS must be set before JAX starts).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+if __name__ == "__main__":  # not when pytest imports this file to look for doctests
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # conftest helpers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import remat
+from conftest import tree_allclose
+from remat._gpt_sharded import make_mesh, make_sharded_gpt
+from remat._sharding import program_shardings
+
+CASES = {}
+SLOW = ("gpt_sharded_grads_equal_unsharded",)  # run by the slow test only
+ROOT = Path(__file__).resolve().parent.parent
+GPT = dict(layers=2, d_model=16, seq=8, batch=8, heads=2, vocab=32)
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def mlp_loss(ws, x):
+    """A scanned tanh MLP: the smallest model whose activations dominate its memory."""
+
+    def body(h, w):
+        return jnp.tanh(h @ w), None
+
+    h, _ = jax.lax.scan(body, x, ws)
+    return jnp.mean(h**2)
+
+
+def mlp_args(layers=8, batch=256, width=32):
+    ws = jax.random.normal(jax.random.key(0), (layers, width, width)) / np.sqrt(width)
+    x = jax.random.normal(jax.random.key(1), (batch, width))
+    return ws, x
+
+
+def specs(tree):
+    return [str(s.spec) if hasattr(s, "spec") else repr(s) for s in jax.tree_util.tree_leaves(tree)]
+
+
+def count_primitive(jaxpr, name):
+    """Occurrences of a primitive in a jaxpr and all its sub-jaxprs."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.primitive.name == name
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    n += count_primitive(inner, name)
+    return n
+
+
+@case
+def read_shardings():
+    mesh = make_mesh((4, 2))
+    data, cols = NamedSharding(mesh, P("data")), NamedSharding(mesh, P(None, "fsdp"))
+    f = jax.jit(lambda x, w: x @ w, in_shardings=(data, cols), out_shardings=data)
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 32))
+    program = program_shardings(f, x, w)
+    placed = jax.device_put(x, data)
+    return {
+        "devices": jax.device_count(),
+        "in_specs": specs(program.inputs),
+        "out_specs": specs(program.outputs),
+        "num_devices": program.num_devices,
+        "per_device_x": remat.per_device_bytes(placed),
+        "per_device_w": remat.per_device_bytes(w, cols),
+        "mesh": dict(remat._sharding.mesh_of((placed,)).shape),
+    }
+
+
+@case
+def apply_keeps_jit_shardings():
+    mesh = make_mesh((4, 2))
+    in_shardings = (NamedSharding(mesh, P(None, None, "fsdp")), NamedSharding(mesh, P("data")))
+    jitted = jax.jit(mlp_loss, in_shardings=in_shardings, out_shardings=NamedSharding(mesh, P()))
+    ws, x = mlp_args(layers=4, batch=64)
+    out = {}
+    for label, fn in [("jit", jitted), ("apply", remat.apply(jitted, "full"))]:
+        compiled = jax.jit(jax.value_and_grad(fn)).lower(ws, x).compile()
+        shardings = jax.tree_util.tree_leaves(compiled.input_shardings)
+        out[label] = {
+            "num_devices": remat._sharding.num_devices(compiled),
+            "temp": compiled.memory_analysis().temp_size_in_bytes,
+            "shardings": shardings,
+        }
+    same = all(
+        a.is_equivalent_to(b, nd)
+        for a, b, nd in zip(out["jit"]["shardings"], out["apply"]["shardings"], (3, 2), strict=True)
+    )
+    reference = jax.grad(mlp_loss)(ws, x)
+    return {
+        "same_input_shardings": same,
+        "num_devices": [out["jit"]["num_devices"], out["apply"]["num_devices"]],
+        "temp": [out["jit"]["temp"], out["apply"]["temp"]],
+        "grads_equal": tree_allclose(jax.grad(remat.apply(jitted, "full"))(ws, x), reference),
+    }
+
+
+@case
+def apply_keeps_sharding_constraints():
+    mesh = make_mesh((4, 2))
+
+    def loss(ws, x):
+        def body(h, w):
+            h = jnp.tanh(h @ w)
+            return jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("data", "fsdp"))), None
+
+        h, _ = jax.lax.scan(body, x, ws)
+        return jnp.mean(h**2)
+
+    ws, x = mlp_args(layers=4, batch=64)
+    x = jax.device_put(x, NamedSharding(mesh, P("data")))
+    counts = [
+        count_primitive(jax.make_jaxpr(jax.grad(f))(ws, x).jaxpr, "sharding_constraint")
+        for f in (loss, remat.apply(loss, "full"))
+    ]
+    return {"constraints": counts}
+
+
+@functools.cache
+def sharded_gpt():
+    """The sharded demo GPT, its unsharded twin (same values, one device) and reference grads."""
+    mesh = make_mesh((4, 2))
+    loss_fn, sharded = make_sharded_gpt(mesh, **GPT)
+    plain = jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)), sharded)
+    reference = jax.jit(jax.grad(loss_fn))(*plain)
+    return loss_fn, sharded, plain, reference
+
+
+@case
+def gpt_sharded_grads_equal_unsharded():
+    loss_fn, sharded, plain, reference = sharded_gpt()
+    grads = jax.jit(jax.grad(remat.apply(loss_fn, "full")))(*sharded)
+    leaf = jax.tree_util.tree_leaves(grads)[0]
+    return {
+        "equal": tree_allclose(grads, reference, scale=10.0),
+        "devices": len(leaf.sharding.device_set),
+        "plain_devices": len(jax.tree_util.tree_leaves(plain)[0].sharding.device_set),
+    }
+
+
+@case
+def data_parallel_memory():
+    """Per-device memory of an 8-way data-parallel step against the one-device step."""
+    mesh = make_mesh((8,), ("data",))
+    ws, x = mlp_args()
+    one = remat.measure(mlp_loss, ws, x, repeats=0)
+    placed = (
+        jax.device_put(ws, NamedSharding(mesh, P())),
+        jax.device_put(x, NamedSharding(mesh, P("data"))),
+    )
+    eight = remat.measure(mlp_loss, *placed, repeats=0)
+    return {
+        "one": {"temp": one.temp_bytes, "arg": one.argument_bytes, "devices": one.num_devices},
+        "eight": {
+            "temp": eight.temp_bytes,
+            "arg": eight.argument_bytes,
+            "devices": eight.num_devices,
+        },
+    }
+
+
+@case
+def report_says_per_device():
+    mesh = make_mesh((8,), ("data",))
+    ws, x = mlp_args(layers=4, batch=64)
+    args = (ws, jax.device_put(x, NamedSharding(mesh, P("data"))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", remat.RematWarning)
+        report = remat.compare(mlp_loss, *args, strategies=["full"], repeats=0, progress=False)
+    text = report.render(width=200)
+    return {
+        "num_devices": report.num_devices,
+        "per_device": report.per_device,
+        "title_line": next(line for line in text.splitlines() if "per device" in line),
+    }
+
+
+@case
+def distributed_example():
+    """examples/distributed_plan.py: plan, save, load; the loaded plan's gradients."""
+    import runpy
+    import tempfile
+
+    example = runpy.run_path(str(ROOT / "examples" / "distributed_plan.py"), run_name="example")
+    with tempfile.TemporaryDirectory() as out:
+        loaded, loss_fn, args = example["plan_and_load"](out)
+        saved = json.loads((Path(out) / "plan.json").read_text())
+    plain = jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)), args)
+    reference = jax.jit(jax.grad(loss_fn))(*plain)  # unsharded, one device
+    grads = jax.jit(jax.grad(loaded.fn))(*args)
+    return {
+        "budget": loaded.budget_bytes,
+        "baseline": loaded.baseline_peak_bytes,
+        "measured": loaded.measured_peak_bytes,
+        "devices": loaded.measured.num_devices,
+        "json_devices": saved["measured"]["num_devices"],
+        "grads_equal": tree_allclose(grads, reference, scale=10.0),
+        "leaf_devices": len(jax.tree_util.tree_leaves(grads)[0].sharding.device_set),
+    }
+
+
+@case
+def plan_data_parallel_budget():
+    """A per-device budget that only the 8-way data-parallel program can meet."""
+    mesh = make_mesh((8,), ("data",))
+    ws, x = mlp_args()
+    one = remat.plan(mlp_loss, ws, x, budget=1.0)
+    placed = (
+        jax.device_put(ws, NamedSharding(mesh, P())),
+        jax.device_put(x, NamedSharding(mesh, P("data"))),
+    )
+    unplanned_eight = remat.measure(mlp_loss, *placed, repeats=0).peak_bytes
+    budget = int(0.8 * unplanned_eight)
+    eight = remat.plan(mlp_loss, *placed, budget=budget, schedules=False)
+    model = eight_model_bytes(placed)
+    return {
+        "one_peak": one.measured_peak_bytes,
+        "eight_unplanned_peak": unplanned_eight,
+        "budget": budget,
+        "eight_peak": eight.measured_peak_bytes,
+        "devices": eight.measured.num_devices,
+        "grads_equal": tree_allclose(jax.grad(eight.fn)(*placed), jax.grad(mlp_loss)(ws, x)),
+        "model_value_bytes": model,
+    }
+
+
+@case
+def plan_jit_in_shardings():
+    """Plain arguments, shardings declared by jax.jit: the planner still counts per device."""
+    mesh = make_mesh((8,), ("data",))
+    ws, x = mlp_args()
+    jitted = jax.jit(
+        mlp_loss,
+        in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))),
+        out_shardings=NamedSharding(mesh, P()),
+    )
+    planned = remat.plan(jitted, ws, x, budget=0.8, schedules=False)
+    measured = remat.measure(jitted, ws, x, repeats=0)
+    return {
+        "residual_bytes": sorted(
+            {r.bytes for r in measured.residuals if r.primitive != "argument"}
+        ),
+        "measured_devices": measured.num_devices,
+        "model_value_bytes": eight_model_bytes((ws, x), jitted),
+        "devices": planned.measured.num_devices,
+        "fits": planned.measured_peak_bytes <= planned.budget_bytes,
+        "grads_equal": tree_allclose(jax.grad(planned.fn)(ws, x), jax.grad(mlp_loss)(ws, x)),
+    }
+
+
+def eight_model_bytes(placed, fn=mlp_loss):
+    """Per-device bytes the planner's cost model gives the scan body's values."""
+    from remat._costmodel import model_scans
+    from remat._shard_counts import scan_input_splits
+    from remat._tag import planned_scans
+
+    splits, devices = scan_input_splits(fn, *placed)
+    (model,) = model_scans(planned_scans(fn, *placed), splits, devices)
+    return sorted({v.bytes for v in model.values if v.shape})
+
+
+def main(names):
+    results = {}
+    for name in names or [n for n in CASES if n not in SLOW]:
+        start = time.perf_counter()
+        try:
+            results[name] = CASES[name]()
+            results[name]["seconds"] = round(time.perf_counter() - start, 2)
+        except Exception as e:  # report, do not crash the other cases
+            results[name] = {
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(),
+            }
+    print(json.dumps(results, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
