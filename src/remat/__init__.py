@@ -46,6 +46,8 @@ from ._plan_json import load_plan as load_plan
 from ._plan import plan as plan
 
 # --- lint (issue 7) ---
+from ._findings import Finding as Finding
+from ._lint import lint as lint
 
 # --- sharding, offload (issue 6) ---
 from ._sharding import per_device_bytes as per_device_bytes

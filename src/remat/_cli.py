@@ -18,6 +18,7 @@ COMMANDS = {
     "measure": "remat._cli_measure",
     "compare": "remat._cli_compare",
     "plan": "remat._cli_plan",
+    "lint": "remat._cli_lint",
 }
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
@@ -53,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as err:
         print(f"remat {args.command}: error: {err}", file=sys.stderr)
         return err.code
+    except (ValueError, TypeError, OSError) as err:
+        # remat's API errors (bad options reaching `remat.measure`, `remat.plan`, ...) and
+        # unwritable output paths: one line, not a traceback. Output files are atomic, so
+        # nothing half-written is left behind.
+        infeasible = type(err).__name__ == "InfeasibleBudget"
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        print(f"remat {args.command}: error: {first}", file=sys.stderr)
+        return EXIT_INFEASIBLE if infeasible else EXIT_USAGE
     except KeyboardInterrupt:
         print(f"remat {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -97,8 +97,13 @@ def compare(
       >>> report.labels, report.baseline
       (('none', 'full'), 'none')
     """
-    from ._measure import measure
+    from ._measure import _check_args, _check_scalar, measure
 
+    try:  # `remat.measure`'s input checks, named for `remat.compare`, before any compiling
+        _check_args(args, argnums, repeats)
+        _check_scalar(fn, args)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", "`remat.compare`")) from None
     entries = _labelled(strategies)
     labels = [label for label, _ in entries]
     if isinstance(baseline, str) and baseline in labels:

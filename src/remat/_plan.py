@@ -39,7 +39,7 @@ import jax
 from ._budget import format_bytes, parse_budget
 from ._costmodel import ScanModel, model_scans
 from ._io import atomic_write_text
-from ._measure import _check_args
+from ._measure import _check_args, _check_scalar
 from ._measurement import Measurement
 from ._milp import Node, Option, solve
 from ._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
@@ -334,7 +334,11 @@ def _prepare(
     argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
         raise TypeError(_ABSTRACT)
-    _check_args(args, argnums, 0)
+    try:  # the same checks as `remat.measure`, named for `remat.plan`
+        _check_args(args, argnums, 0)
+        _check_scalar(fn, args)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
     clock = time.perf_counter()
     infos = planned_scans(fn, *args)
     if not infos:

@@ -116,6 +116,8 @@ def scan(
       True
     """
     schedule = check_schedule(schedule, "remat.scan")
+    _check_array_leaves(init, "init")
+    _check_array_leaves(xs, "xs")
     n = _scan_length(xs, length)
     if schedule == "none" or n == 0:
         return lax.scan(f, init, xs, length=n, reverse=reverse)
@@ -489,3 +491,16 @@ def _binomial_scan(f, init, xs, n: int, reverse: bool, snapshots: int, policy: A
     run.defvjp(run_fwd, run_bwd)
     c, ys = run(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(xs), list(consts))
     return jax.tree_util.tree_unflatten(c_tree, c), jax.tree_util.tree_unflatten(y_tree, ys)
+
+
+_NOT_ARRAY_LEAF = (
+    "`remat.scan` got a {kind} at {path}; every leaf of init and xs must be an array "
+    "(jax.Array, numpy array or Python number). Close over other values in `f` instead."
+)
+
+
+def _check_array_leaves(tree: Any, name: str) -> None:
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if not isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float | complex):
+            where = name + jax.tree_util.keystr(path)
+            raise TypeError(_NOT_ARRAY_LEAF.format(kind=type(leaf).__name__, path=where))

@@ -1,0 +1,252 @@
+"""Bad input through the public API: a ValueError/TypeError that names the public function,
+says what it got and how to fix it, raised from remat's own code, never from inside JAX."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat
+
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+WS = jnp.ones((2, 3, 3)) * 0.1
+X = jnp.ones((2, 3))
+
+
+def loss(ws, x):
+    return jnp.sum(jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)[0])
+
+
+def vector_loss(ws, x):
+    return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)[0]
+
+
+def step(c, x):
+    return c + x, x
+
+
+# (call, exception type, public name, what it got, a word of the fix)
+CASES = {
+    # non-scalar loss
+    "measure-non-scalar": (
+        lambda: remat.measure(vector_loss, WS, X),
+        ValueError,
+        "remat.measure",
+        "float32[2, 3]",
+        "scalar",
+    ),
+    # non-array arguments
+    "measure-str-arg": (
+        lambda: remat.measure(loss, "weights", X),
+        TypeError,
+        "remat.measure",
+        "str",
+        "Close over",
+    ),
+    "measure-int-arg": (
+        lambda: remat.measure(loss, jnp.ones((2, 3, 3), jnp.int32), X),
+        TypeError,
+        "remat.measure",
+        "int32",
+        "float",
+    ),
+    "lint-str-arg": (
+        lambda: remat.lint(loss, "weights", X),
+        TypeError,
+        "remat.lint",
+        "str",
+        "functools.partial",
+    ),
+    "lint-not-callable": (
+        lambda: remat.lint("loss", WS, X),
+        TypeError,
+        "remat.lint",
+        "'loss'",
+        "Pass the function",
+    ),
+    "apply-not-callable": (
+        lambda: remat.apply(3, "full"),
+        TypeError,
+        "remat.apply",
+        "fn=3",
+        "pass the function",
+    ),
+    "scan-str-init": (
+        lambda: remat.scan(step, {"c": "zero"}, jnp.ones(3)),
+        TypeError,
+        "remat.scan",
+        "str at init['c']",
+        "Close over",
+    ),
+    # snapshots < 1
+    "binomial-zero": (lambda: remat.Binomial(0), ValueError, "remat.Binomial", "0", ">= 1"),
+    "binomial-negative": (
+        lambda: remat.Binomial(-2),
+        ValueError,
+        "remat.Binomial",
+        "-2",
+        ">= 1",
+    ),
+    "binomial-str": (lambda: remat.Binomial("4"), ValueError, "remat.Binomial", "'4'", ">= 1"),
+    "nested-zero": (lambda: remat.Nested(0), ValueError, "remat.Nested", "0", ">= 1"),
+    # unknown schedule or strategy names
+    "scan-schedule": (
+        lambda: remat.scan(step, 0.0, jnp.ones(3), schedule="binomial"),
+        ValueError,
+        "remat.scan",
+        "'binomial'",
+        "remat.Binomial",
+    ),
+    "strategy-schedule": (
+        lambda: remat.Strategy("full", schedule="nested"),
+        ValueError,
+        "remat.Strategy",
+        "'nested'",
+        "remat.Nested",
+    ),
+    "scan-policy": (
+        lambda: remat.scan(step, 0.0, jnp.ones(3), policy="dot"),
+        ValueError,
+        "remat.scan",
+        "'dot'",
+        "Valid strings",
+    ),
+    "apply-strategy": (
+        lambda: remat.apply(loss, "recompute"),
+        ValueError,
+        "remat.apply",
+        "'recompute'",
+        "Valid strings",
+    ),
+    "measure-strategy": (
+        lambda: remat.measure(loss, WS, X, strategy="names"),
+        ValueError,
+        "remat.measure",
+        "'names'",
+        "Valid strings",
+    ),
+    "lint-strategy": (
+        lambda: remat.lint(loss, WS, X, strategy="dotz"),
+        ValueError,
+        "remat.lint",
+        "'dotz'",
+        "Valid strings",
+    ),
+    "strategy-empty-names": (
+        lambda: remat.Strategy("names:"),
+        ValueError,
+        "remat.Strategy",
+        "'names:'",
+        "names:attn_out",
+    ),
+    "compare-non-scalar": (
+        lambda: remat.compare(vector_loss, WS, X, strategies=["full"], repeats=0),
+        ValueError,
+        "remat.compare",
+        "float32[2, 3]",
+        "scalar",
+    ),
+    "compare-str-arg": (
+        lambda: remat.compare(loss, "weights", X, strategies=["full"], repeats=0),
+        TypeError,
+        "remat.compare",
+        "str",
+        "Close over",
+    ),
+    # budgets: negative, zero, unparseable, above the device's memory
+    "plan-negative-budget": (
+        lambda: remat.plan(loss, WS, X, budget=-5),
+        ValueError,
+        "remat.plan",
+        "budget=-5",
+        "positive amount of memory",
+    ),
+    "plan-zero-budget": (
+        lambda: remat.plan(loss, WS, X, budget="0%"),
+        ValueError,
+        "remat.plan",
+        "budget='0%'",
+        "positive amount of memory",
+    ),
+    "plan-unparseable-budget": (
+        lambda: remat.plan(loss, WS, X, budget="half"),
+        ValueError,
+        "remat.plan",
+        "budget='half'",
+        "'512MiB'",
+    ),
+    "plan-budget-above-device": (
+        lambda: remat.plan(loss, WS, X, budget="2GiB", device_memory=2**30),
+        ValueError,
+        "remat.plan",
+        "budget='2GiB'",
+        "budget='90%'",
+    ),
+    "plan-float-budget-over-one": (
+        lambda: remat.plan(loss, WS, X, budget=1.5),
+        ValueError,
+        "remat.plan",
+        "budget=1.5",
+        "(0, 1]",
+    ),
+    "plan-non-scalar": (
+        lambda: remat.plan(vector_loss, WS, X, budget="50%"),
+        ValueError,
+        "remat.plan",
+        "float32[2, 3]",
+        "scalar",
+    ),
+    "plan-str-arg": (
+        lambda: remat.plan(loss, "weights", X, budget="50%"),
+        TypeError,
+        "remat.plan",
+        "str",
+        "array",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_names_function_input_and_fix(case):
+    call, kind, public, got, fix = CASES[case]
+    with pytest.raises(kind) as info:
+        call()
+    message = str(info.value)
+    assert f"`{public}`" in message
+    assert got in message
+    assert re.search(re.escape(fix), message, re.IGNORECASE)
+    # Raised by remat itself: the innermost frame is not JAX's.
+    assert not str(info.traceback[-1].path).startswith(_JAX_DIR)
+
+
+# --- output files are written atomically ---
+
+
+def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from remat._io import atomic_write_text
+
+    target = tmp_path / "out" / "report.json"
+    real_write = Path.write_text
+
+    def half_then_fail(self, text, *args, **kwargs):
+        real_write(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt  # e.g. Ctrl-C in the middle of writing
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, '{"a": 1, "b": 2}')
+    assert list(target.parent.iterdir()) == []  # neither the file nor a temporary one
+
+    monkeypatch.setattr(Path, "write_text", real_write)
+    atomic_write_text(target, "old")
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, "new contents")
+    assert target.read_text() == "old"  # the previous complete file survives
+    assert [p.name for p in target.parent.iterdir()] == ["report.json"]
