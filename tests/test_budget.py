@@ -66,3 +66,27 @@ def test_format_bytes():
     assert format_bytes(512) == "512 B"
     assert format_bytes(1536) == "1.50 KiB"
     assert format_bytes(3 * 2**30) == "3.00 GiB"
+
+
+def test_device_memory_is_read_from_the_backend_and_bounds_the_budget(monkeypatch):
+    import jax
+    import jax.numpy as jnp
+
+    import remat
+    from remat import _budget, _plan
+
+    class Device:  # a backend that reports its memory, as GPUs and TPUs do
+        def memory_stats(self):
+            return {"bytes_limit": 4096, "bytes_in_use": 0}
+
+    assert _budget.device_memory_bytes(Device()) == 4096
+    assert _budget.device_memory_bytes(jax.devices("cpu")[0]) is None  # CPU reports none
+
+    monkeypatch.setattr(_plan, "device_memory_bytes", lambda: 4096)
+
+    def loss(ws, x):
+        x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
+        return (x**2).sum()
+
+    with pytest.raises(ValueError, match=r"`remat.plan`.*more than the device's memory \(4096"):
+        remat.plan(loss, jnp.ones((2, 4, 4)), jnp.ones((2, 4)), budget="1MiB")

@@ -41,6 +41,29 @@ _OVER_DEVICE = (
 )
 
 
+def device_memory_bytes(device=None) -> int | None:
+    """The memory the backend says ``device`` may use (``memory_stats()['bytes_limit']``).
+
+    None where the backend does not say (the CPU backend reports no memory stats).
+
+    Example:
+      >>> import jax
+      >>> from remat._budget import device_memory_bytes
+      >>> limit = device_memory_bytes(jax.devices()[0])
+      >>> limit is None or limit > 0
+      True
+    """
+    import jax
+
+    device = device if device is not None else jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # backends without memory statistics
+        return None
+    limit = (stats or {}).get("bytes_limit")
+    return int(limit) if limit else None
+
+
 def format_bytes(n: float) -> str:
     """Formats a byte count with a binary unit, e.g. ``'1.50 MiB'``.
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import jax
 
-from ._budget import format_bytes, parse_budget
+from ._budget import device_memory_bytes, format_bytes, parse_budget
 from ._costmodel import ScanModel, model_scans
 from ._io import atomic_write_text
 from ._measure import _check_args, _check_scalar
@@ -245,7 +245,9 @@ def plan(
       argnums: which positional arguments are differentiated, as in `jax.grad`.
       schedules: also consider `Nested` and `Binomial` schedules (else only ``per_step``).
       max_rounds: the most solve-and-measure rounds.
-      device_memory: the device's memory in bytes, if a budget above it should be refused.
+      device_memory: the device's memory in bytes; a budget above it is refused. ``None``
+        reads it from the backend (``memory_stats()['bytes_limit']``) where it says (GPU,
+        TPU); the CPU backend does not, and then no upper limit is checked.
       offload: also consider keeping saved values in host memory (see `remat._offload`),
         at a cost of ``2 * bytes / host_bandwidth`` seconds each, weighed against
         recomputation at the device's measured matmul rate. Only where the device has a
@@ -286,6 +288,8 @@ def plan(
         raise ValueError(f"`remat.plan` got max_rounds={max_rounds!r}; pass an int >= 1.")
     parse_budget(budget, baseline_peak=2**62)  # a malformed budget fails before compiling
     offload = _offload_wanted(offload, host_bandwidth)
+    if device_memory is None:
+        device_memory = device_memory_bytes()
     prepared = _prepare(fn, args, argnums, schedules, host_bandwidth if offload else None)
     return _plan_prepared(prepared, budget, max_rounds, device_memory)
 
