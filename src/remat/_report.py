@@ -58,6 +58,11 @@ class Machine:
       device_count: number of devices JAX sees.
       jax_version: ``jax.__version__``.
       host: the host's operating system and CPU, with its number of cores.
+
+    Example:
+      >>> from remat import Machine
+      >>> Machine("gpu", "NVIDIA H100 80GB HBM3", 8, "0.10.2").describe()
+      'gpu (NVIDIA H100 80GB HBM3 x8), jax 0.10.2'
     """
 
     backend: str
