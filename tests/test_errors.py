@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat
+from remat._strategy import offload_available
 
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 WS = jnp.ones((2, 3, 3)) * 0.1
@@ -263,3 +264,16 @@ def test_atomic_write_gives_the_mode_of_an_ordinary_write(tmp_path):
     os.chmod(new, 0o640)
     atomic_write_text(new, "y")  # replacing a file keeps its mode
     assert new.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.skipif(offload_available(), reason="needs a device without host memory")
+@pytest.mark.parametrize("public", ["measure", "compare", "lint"])
+def test_offload_strategy_without_host_memory_names_the_function_called(public):
+    args = (WS, X)
+    call = {
+        "measure": lambda: remat.measure(loss, *args, strategy="offload:a", repeats=0),
+        "compare": lambda: remat.compare(loss, *args, strategies=["offload:a"], repeats=0),
+        "lint": lambda: remat.lint(loss, *args, strategy=remat.Strategy("offload:a")),
+    }[public]
+    with pytest.raises(ValueError, match=rf"^`remat.{public}` got strategy 'offload:a'.*names:a"):
+        call()
