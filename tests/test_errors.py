@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat
+from remat._strategy import offload_available
 
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 WS = jnp.ones((2, 3, 3)) * 0.1
@@ -250,3 +251,29 @@ def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
         atomic_write_text(target, "new contents")
     assert target.read_text() == "old"  # the previous complete file survives
     assert [p.name for p in target.parent.iterdir()] == ["report.json"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_atomic_write_gives_the_mode_of_an_ordinary_write(tmp_path):
+    from remat._io import atomic_write_text
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")  # what open(path, "w") gives under this process's umask
+    new = atomic_write_text(tmp_path / "new.txt", "x")
+    assert new.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777  # not mkstemp's 0600
+    os.chmod(new, 0o640)
+    atomic_write_text(new, "y")  # replacing a file keeps its mode
+    assert new.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.skipif(offload_available(), reason="needs a device without host memory")
+@pytest.mark.parametrize("public", ["measure", "compare", "lint"])
+def test_offload_strategy_without_host_memory_names_the_function_called(public):
+    args = (WS, X)
+    call = {
+        "measure": lambda: remat.measure(loss, *args, strategy="offload:a", repeats=0),
+        "compare": lambda: remat.compare(loss, *args, strategies=["offload:a"], repeats=0),
+        "lint": lambda: remat.lint(loss, *args, strategy=remat.Strategy("offload:a")),
+    }[public]
+    with pytest.raises(ValueError, match=rf"^`remat.{public}` got strategy 'offload:a'.*names:a"):
+        call()

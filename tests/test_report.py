@@ -85,6 +85,12 @@ def test_report_pareto_and_cheapest(report):
     assert report.cheapest(1.0) == "none"  # ties on FLOPs and peak: row order
 
 
+@pytest.mark.parametrize("bad", ["0.5", 0, -0.5, float("nan"), True, None])
+def test_report_cheapest_refuses_a_fraction_that_is_not_a_positive_number(report, bad):
+    with pytest.raises(ValueError, match=r"`remat.Report.cheapest` got max_peak_fraction="):
+        report.cheapest(bad)
+
+
 def test_report_validates_rows():
     with pytest.raises(ValueError, match="twice"):
         Report(rows=(ROWS[0], ROWS[0]), baseline="none", machine=MACHINE)

@@ -29,10 +29,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp)
     try:
         yield tmp
+        # mkstemp makes the file private (0600); give it the mode an ordinary write would.
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _mode_for(path: Path) -> int:
+    """The replaced file's permissions, or those ``open(path, "w")`` would give a new file."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

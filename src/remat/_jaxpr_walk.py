@@ -149,28 +149,32 @@ def _strict_source(eqn: core.JaxprEqn, depth: int = 0) -> str | None:
     return found
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """Directories whose frames are not the user's: remat's own, and layer libraries'."""
+def library_dirs(names: tuple[str, ...] = _LIBRARIES) -> tuple[str, ...]:
+    """Directories whose frames are not the user's: remat's own, and those of the imported
+    packages among ``names`` (layer libraries)."""
     dirs = [_REMAT_DIR]
-    for name in _LIBRARIES:
+    for name in names:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             dirs.append(os.path.dirname(module.__file__) + os.sep)
     return tuple(dirs)
 
 
+def display_path(path: str) -> str:
+    """``path`` relative to the working directory where it lies below it, else unchanged."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return rel if not rel.startswith("..") else path
+
+
 def _own_source(eqn: core.JaxprEqn, strict: bool) -> str | None:
-    library = _library_dirs() if strict else ()
+    library = library_dirs() if strict else ()
     for frame in source_info_util.user_frames(eqn.source_info.traceback):
         if library and frame.file_name.startswith(library):
             continue
-        path = frame.file_name
-        try:
-            rel = os.path.relpath(path)
-            path = rel if not rel.startswith("..") else path
-        except ValueError:  # another drive on Windows
-            pass
-        return f"{path}:{frame.start_line}"
+        return f"{display_path(frame.file_name)}:{frame.start_line}"
     return None
 
 

@@ -27,6 +27,7 @@ from ._policy_info import (
     policy_info,
     policy_label,
     probe,
+    same_policy,
 )
 
 _NOT_CALLABLE = (
@@ -250,21 +251,12 @@ def _check_whole_scan(site: walk.Site, all_sites: list[walk.Site]) -> list[Findi
     return findings
 
 
-def _same_policy(a: object, b: object) -> bool:
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
 def _check_nested(site: walk.Site) -> list[Finding]:
     outer = site.checkpoint
     if outer is None or site.loop_since_checkpoint:
         return []
     inner_policy, outer_policy = site.eqn.params["policy"], outer.eqn.params["policy"]
-    if _same_policy(inner_policy, outer_policy):
+    if same_policy(inner_policy, outer_policy):
         return []
     inner, outer_label = policy_label(inner_policy), policy_label(outer_policy)
     return [

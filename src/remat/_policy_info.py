@@ -74,12 +74,15 @@ def is_dots_no_batch(policy: object) -> bool:
     """Whether ``policy`` keeps only dots without batch dimensions (saved or offloaded)."""
     dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
     return any(
-        p is dots or _safe_eq(p, dots) or _jax_policy(p, "offload_dot_with_no_batch_dims")
+        same_policy(p, dots) or _jax_policy(p, "offload_dot_with_no_batch_dims")
         for p in components(policy)
     )
 
 
-def _safe_eq(a: object, b: object) -> bool:
+def same_policy(a: object, b: object) -> bool:
+    """``a is b or a == b``, False where comparing raises (policies are arbitrary objects)."""
+    if a is b:
+        return True
     try:
         return bool(a == b)
     except Exception:
@@ -272,7 +275,7 @@ def policy_label(policy: object) -> str:
     if policy is None:
         return "nothing_saveable (the default)"
     for name, known in vars(jax.checkpoint_policies).items():
-        if policy is known or (dataclasses.is_dataclass(known) and _safe_eq(policy, known)):
+        if policy is known or (dataclasses.is_dataclass(known) and same_policy(policy, known)):
             return name
     for field, factory in (
         ("saveable_names", "save_only_these_names"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import numbers
 import os
 import platform
 import types
@@ -46,6 +47,10 @@ _NO_BASELINE = (
     "`remat.Report` got baseline={baseline!r}, which is not one of the row labels {labels}."
 )
 _NOT_A_REPORT = "`remat.Report.from_json` read {path}, which is not a remat report ({why})."
+_BAD_FRACTION = (
+    "`remat.Report.cheapest` got max_peak_fraction={got!r}; expected a number > 0, the budget "
+    "as a fraction of the baseline's peak, e.g. 0.5 for half the memory."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,11 @@ class Machine:
       device_count: number of devices JAX sees.
       jax_version: ``jax.__version__``.
       host: the host's operating system and CPU, with its number of cores.
+
+    Example:
+      >>> from remat import Machine
+      >>> Machine("gpu", "NVIDIA H100 80GB HBM3", 8, "0.10.2").describe()
+      'gpu (NVIDIA H100 80GB HBM3 x8), jax 0.10.2'
     """
 
     backend: str
@@ -216,7 +226,13 @@ class Report:
         Returns:
           Its label (the lower peak breaks a FLOPs tie, then row order), or None when no
           strategy fits.
+
+        Raises:
+          ValueError: ``max_peak_fraction`` is not a number > 0.
         """
+        frac = max_peak_fraction
+        if isinstance(frac, bool) or not isinstance(frac, numbers.Real) or not frac > 0:
+            raise ValueError(_BAD_FRACTION.format(got=frac))
         budget = max_peak_fraction * self.baseline_measurement.peak_bytes
         fits = [(m.flops, m.peak_bytes, i) for i, (_, m) in enumerate(self.rows)]
         fits = [f for f in fits if f[1] <= budget]

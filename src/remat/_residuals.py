@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from ._jaxpr_walk import display_path
 from ._measurement import Residual
 
 try:  # the frames of remat's own modules are not "user code"
@@ -56,13 +57,7 @@ def _source(eqn: Any) -> str | None:
     # library such as flax.linen that the user's line called
     own = [f for f in frames if not any(p in f.file_name for p in _LIBRARY_DIRS)]
     frame = (own or frames)[0]
-    path = frame.file_name
-    try:
-        rel = os.path.relpath(path)
-        path = rel if not rel.startswith("..") else path
-    except ValueError:  # other drive on Windows
-        pass
-    return f"{path}:{frame.start_line}"
+    return f"{display_path(frame.file_name)}:{frame.start_line}"
 
 
 def _sub_jaxpr(params: dict[str, Any], n_in: int, n_out: int) -> tuple[Any, list[Any]] | None:

@@ -16,11 +16,11 @@ Only the sub-programs of ``scan``, ``jit``, ``closed_call``/``call``, ``checkpoi
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 
 from jax._src import source_info_util
 from jax.extend import core as jcore
+
+from ._jaxpr_walk import library_dirs
 
 _P = jcore.primitives
 
@@ -42,6 +42,16 @@ class ScanInfo:
       source: ``"file:line"`` of the user code that made the scan, ``""`` if unknown.
       jaxpr: the scan body as a `ClosedJaxpr`; inputs ``consts + carry + xs``, outputs
         ``new_carry + ys``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def loss(ws, x):
+      ...     with jax.named_scope("layers"):
+      ...         h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+      ...     return h.sum()
+      >>> info, = remat.list_scans(loss, jnp.ones((4, 8, 8)), jnp.ones((2, 8)))
+      >>> info.position, info.name, info.length, info.num_carry
+      (0, 'layers', 4, 1)
     """
 
     position: int
@@ -63,19 +73,9 @@ def scopes(eqn) -> tuple[str, ...]:
     )
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """Package directories whose frames are not the user's: remat's own, flax's, equinox's."""
-    dirs = [os.path.dirname(__file__)]
-    for name in ("flax", "equinox"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(module.__file__))
-    return tuple(d + os.sep for d in dirs)
-
-
 def _source(eqn) -> str:
     frames = list(source_info_util.user_frames(eqn.source_info.traceback))
-    library = _library_dirs()
+    library = library_dirs(("flax", "equinox"))
     outside = [f for f in frames if not f.file_name.startswith(library)]
     frame = (outside or frames or [None])[0]
     return "" if frame is None else f"{frame.file_name}:{frame.start_line}"

@@ -116,13 +116,19 @@ def _schedule_label(schedule: Schedule) -> str:
 
 
 def as_strategy(strategy: object, where: str = "remat.apply") -> Strategy:
-    """Turns a strategy string, policy or `Strategy` into a `Strategy`."""
-    if isinstance(strategy, Strategy):
-        return strategy
+    """Turns a strategy string, policy or `Strategy` into a `Strategy`.
+
+    Errors name ``where`` (the public function that was called), an ``"offload:a,b"``
+    policy where there is no host memory to offload to included.
+    """
     if strategy is None:
         return Strategy("full")
-    check_policy(strategy, where)
-    return Strategy(strategy)
+    if not isinstance(strategy, Strategy):
+        check_policy(strategy, where)
+        strategy = Strategy(strategy)
+    if isinstance(strategy.policy, str) and strategy.policy.startswith("offload:"):
+        resolve_policy(strategy.policy, where)  # raises where offloading is unavailable
+    return strategy
 
 
 def resolve_policy(policy: object, where: str = "remat.apply") -> Callable[..., Any] | None:
