@@ -239,3 +239,26 @@ def test_falls_back_to_a_measured_calibration_point(stack, monkeypatch):
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
     with pytest.raises(remat.InfeasibleBudget):
         _plan._plan_prepared(prep, peak_none - 1)
+
+
+def test_cost_model_counts_matmul_flops_and_fusible_values(stack):
+    # Body: h + tanh(h @ w1) @ w2 with h (128, 16), w1 (16, 64), w2 (64, 16).
+    from remat._costmodel import model_scans
+    from remat._tag import planned_scans
+
+    loss, args = stack
+    (model,) = model_scans(planned_scans(loss, *args))
+    by_primitive = {}
+    for v in model.values:
+        by_primitive.setdefault(v.primitive, []).append(v)
+    first, second = by_primitive["dot_general"]
+    # FLOPs are what the measured HLO counts: matmuls exactly, elementwise ops nothing.
+    assert first.flops == 2 * 128 * 16 * 64 and second.flops == 2 * 128 * 64 * 16
+    assert model.step_flops == first.flops + second.flops
+    (tanh,) = by_primitive["tanh"]
+    (add,) = by_primitive["add"]
+    assert tanh.flops == 0 and add.flops == 0
+    # A matmul's output, and a value a matmul reads (tanh's, the second matmul's operand),
+    # are materialised when recomputed; the residual add is fused into its consumers.
+    assert not first.fusible and not second.fusible and not tanh.fusible
+    assert add.fusible
