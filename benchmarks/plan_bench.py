@@ -29,14 +29,18 @@ from remat import Binomial, Nested, Strategy, apply
 from remat._cli_demo import DEFAULTS
 from remat._gpt import make_gpt
 from remat._io import atomic_write_text
+from remat._milp import solve
 from remat._plan import (
+    SLICE_WEIGHT,
     InfeasibleBudget,
     _plan_prepared,
     _prepare,
     compile_measure,
     peak_of,
 )
+from remat._plan_options import decode
 from remat._report import MIB, Report, current_machine
+from remat._tag import rewrite
 
 BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKERS = ("<!-- plan:start -->", "<!-- plan:end -->")
@@ -178,7 +182,54 @@ def run_arch(key: str, out_dir: Path) -> dict:
         ]
         path = report.plot(out_dir / "plan_pareto_gpt.png", extra=extra)
         print(f"  wrote {path}")
-    return dict(key=key, title=title, base=base, named=named, rows=rows, prep=prep)
+    anatomy = budget_anatomy(fn, args, prep, base)
+    return dict(key=key, title=title, base=base, named=named, rows=rows, prep=prep,
+                anatomy=anatomy)  # fmt: skip
+
+
+def budget_anatomy(fn, args, prep, base, fraction=0.25, limit=0.09) -> dict:
+    """What fills the budget at ``fraction``: the parameters and gradients, the floor of
+    full recomputation (only the carries saved), and the least memory of any plan the model
+    finds within ``limit`` extra FLOPs, compiled and measured."""
+    weights = dict(transient_weight=prep.weight, stored_weight=prep.stored,
+                   slice_weight=prep.stored * SLICE_WEIGHT)  # fmt: skip
+    nothing, floor = prep.calibration[1]
+    out = dict(fraction=fraction, limit=limit, budget=fraction * peak_of(base),
+               fixed=base.argument_bytes + base.output_bytes - base.alias_bytes,
+               floor=floor, carries=nothing.stored)  # fmt: skip
+    s = solve(prep.nodes, 0, options=prep.options, minimize="memory",
+              max_flops=limit * base.flops, **weights)  # fmt: skip
+    if s is None:
+        return out
+    choice = decode(s, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
+                    prep.stored * SLICE_WEIGHT)  # fmt: skip
+    m = compile_measure(rewrite(fn, choice.choices), args, 0, "plan", base)
+    out.update(least=peak_of(m), least_flops=m.flops / base.flops, least_stored=choice.stored,
+               least_names=sum(len(sc.names) for sc in choice.scans))  # fmt: skip
+    print(f"  least memory within +{limit:.0%}: {peak_of(m) / MIB:.2f} MiB, "
+          f"x{m.flops / base.flops:.3f}", flush=True)  # fmt: skip
+    return out
+
+
+def anatomy_line(a: dict, baseline_peak: float) -> str:
+    work = a["floor"] - a["fixed"] - a["carries"]
+    line = (
+        f"what fills {a['fraction']:.0%} of the peak ({a['budget'] / MIB:.2f} MiB): parameters "
+        f"and gradients (arguments and outputs) {a['fixed'] / MIB:.2f} MiB; with every step "
+        f"recomputed (only the carries saved, {a['carries'] / MIB:.2f} MiB) the peak is "
+        f"{a['floor'] / MIB:.2f} MiB ({a['floor'] / baseline_peak:.0%}), so one step's "
+        f"recomputation and backward pass take {work / MIB:.2f} MiB, leaving "
+        f"{(a['budget'] - a['floor']) / MIB:.2f} MiB for saved values"
+    )
+    if "least" in a:
+        fits = "fits" if a["least"] <= a["budget"] else "does not fit"
+        line += (
+            f". The least memory of any plan the model finds within +{a['limit']:.0%} FLOPs "
+            f"({a['least_names']} values saved per step, {a['least_stored'] / MIB:.2f} MiB "
+            f"stored) measures {a['least'] / MIB:.2f} MiB ({a['least'] / baseline_peak:.1%} "
+            f"of the peak) at ×{a['least_flops']:.3f}: it {fits}"
+        )
+    return line
 
 
 ### Reporting
@@ -289,6 +340,8 @@ def section(results: list[dict], wall: float) -> str:
     for result in results:
         parts += ["", f"### {result['title']}", "", table(result), ""]
         parts += [f"- {line}" for line in _targets(result)]
+        if result.get("anatomy"):
+            parts.append(f"- {anatomy_line(result['anatomy'], peak_of(result['base']))}")
     parts.append(MARKERS[1])
     return "\n".join(parts)
 

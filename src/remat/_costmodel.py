@@ -2,8 +2,9 @@
 
 For every scan of a traced program (see `_tag.py` for how values are numbered and named) the
 model records, per value of the body: its bytes, the FLOPs to compute it (``dot_general`` and
-convolutions exactly, other primitives one FLOP per output element, nested loops times their
-trip count), the values it is computed from, whether it is loop-invariant (depends only on the
+convolutions exactly, nested loops times their trip count, other primitives none: see
+`ELEMENTWISE_FLOPS`), whether XLA fuses its recomputation into its consumers (no matmul in it
+and no matmul reads it), the values it is computed from, whether it is loop-invariant (depends only on the
 scan's constants: JAX hoists such residuals out of the loop, so they are stored once), and
 whether the backward pass of the step needs it. The last is read from JAX itself: the body,
 with every value tagged, is checkpointed with a policy that may save any tagged value, and

@@ -7,18 +7,22 @@ needs some of its values. Each such value is either *saved* (kept from the forwa
 its bytes once per scan step) or *recomputed* in the backward pass (costing its FLOPs once per
 step), and a value can be recomputed only from values that are themselves saved or recomputed
 (or are free inputs). Since the backward pass of one step runs at a time, recomputed values
-cost memory only transiently: the largest step's recomputed bytes, once.
+cost memory only transiently: the largest step's *materialised* recomputed bytes, once. A
+recomputed value is materialised unless it is fusible (elementwise: XLA fuses it into its
+consumers) and computed only from saved values or other fused ones.
 
-Variables per node ``v``: binary ``save[v]``, binary ``recompute[v]``; one continuous
-``transient``. Minimise ``sum(recompute[v] * flops[v] * mult[v])`` (plus a tiny multiple of the
+Variables per node ``v``: binary ``save[v]``, binary ``recompute[v]``, continuous
+``materialised[v]`` in [0, 1]; one continuous ``transient``. Minimise ``sum(recompute[v] * flops[v] * mult[v])`` (plus a tiny multiple of the
 memory, so that among equally cheap choices the smallest is taken, which keeps the chosen
 memory monotone in the budget) subject to::
 
     save[v] + recompute[v] >= 1                 for every value the backward pass needs
     recompute[v] <= save[u] + recompute[u]      for every input u of v
     save[v] + recompute[v] <= 1
-    sum_{v in group g, needed} recompute[v] * bytes[v] <= transient     for every group g
-    fixed + sum(save[v] * bytes[v] * mult[v]) + transient <= budget
+    materialised[v] >= recompute[v]                         for v not fusible
+    materialised[v] >= recompute[v] + materialised[u] - 1   for fusible v, every input u
+    sum_{v in group g, needed} materialised[v] * bytes[v] <= transient   for every group g
+    fixed + sum(save[v] * bytes[v] * (mult[v] + slice)) + transient <= budget
 
 A scan's schedule is chosen in the same program: each schedule is an `Option` with its own
 copy of the scan's nodes (stored once per step, or once per inner block step for `Nested`)

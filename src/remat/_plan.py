@@ -8,9 +8,9 @@ Trace → cost model → solve → rewrite → compile and measure:
    mixed-integer program (`_milp`, Checkmate-style; Jain et al., MLSys 2020) chooses, for all
    scans together, the schedule and the set of values to save that recompute the fewest
    FLOPs within the budget.
-3. The memory model is calibrated on the compiled program: the peak with every needed value
-   saved gives the memory outside the scans; the peak with nothing saved gives how much of a
-   step's recomputed values is live at once (XLA fuses much of it).
+3. The memory model (see `SLICE_WEIGHT`) is calibrated on the compiled program: the peak
+   with every needed value saved gives the memory outside the scans; the peak with nothing
+   saved gives how much of a step's materialised recomputed values is live at once.
 4. The chosen plan is compiled and measured (`remat.measure`); if its peak is over the
    budget, the model's budget is tightened by the error and the program solved again, a
    bounded number of times. If nothing fits, `InfeasibleBudget` says how close it came.
