@@ -31,7 +31,6 @@ from remat._gpt import make_gpt
 from remat._io import atomic_write_text
 from remat._milp import solve
 from remat._plan import (
-    SLICE_WEIGHT,
     InfeasibleBudget,
     _plan_prepared,
     _prepare,
@@ -192,7 +191,7 @@ def budget_anatomy(fn, args, prep, base, fraction=0.25, limit=0.09) -> dict:
     full recomputation (only the carries saved), and the least memory of any plan the model
     finds within ``limit`` extra FLOPs, compiled and measured."""
     weights = dict(transient_weight=prep.weight, stored_weight=prep.stored,
-                   slice_weight=prep.stored * SLICE_WEIGHT)  # fmt: skip
+                   slice_weight=prep.slice)  # fmt: skip
     nothing, floor = prep.calibration[1]
     out = dict(fraction=fraction, limit=limit, budget=fraction * peak_of(base),
                fixed=base.argument_bytes + base.output_bytes - base.alias_bytes,
@@ -202,7 +201,7 @@ def budget_anatomy(fn, args, prep, base, fraction=0.25, limit=0.09) -> dict:
     if s is None:
         return out
     choice = decode(s, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
-                    prep.stored * SLICE_WEIGHT)  # fmt: skip
+                    prep.slice)  # fmt: skip
     m = compile_measure(rewrite(fn, choice.choices), args, 0, "plan", base)
     out.update(least=peak_of(m), least_flops=m.flops / base.flops, least_stored=choice.stored,
                least_names=sum(len(sc.names) for sc in choice.scans))  # fmt: skip

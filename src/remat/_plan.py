@@ -328,8 +328,12 @@ class _Prepared:
     options: tuple[Option, ...]
     offsets: tuple[int, ...]
     base: float  # calibrated memory outside the modelled choice
+    slice: float  # calibrated factor on one step's copy of the saved values
     weight: float  # calibrated fraction of the transient memory that is live
     stored: float  # calibrated factor on stored bytes
+    # (base, stored, slice, weight) of each calibrated memory model; the planner solves with
+    # each and keeps the best measured plan (see `_plan_prepared`).
+    fits: tuple[tuple[float, float, float, float], ...]
     smallest: int  # the smaller calibration peak
     calibration: tuple[tuple[Any, int], ...]  # (Choice, measured peak) of the two points
     fingerprint: str
@@ -373,6 +377,17 @@ def _prepare(
         peak_all, everything.stored + SLICE_WEIGHT * everything.sliced + everything.transient,
         peak_none, nothing.stored + SLICE_WEIGHT * nothing.sliced, nothing.transient,
     )  # fmt: skip
+    slice_weight = stored * SLICE_WEIGHT
+    fits = [(float(base), float(stored), float(slice_weight), float(weight))]
+    calibration = [(everything, peak_all), (nothing, peak_none)]
+    # A third point, every value saved that XLA does not fuse, fits the slice weight too.
+    unfused = fixed_choice(cands, offsets, models, per_step, save="unfused")
+    if unfused.stored not in (everything.stored, nothing.stored):
+        peak_unfused = light_peak(rewrite(fn, unfused.choices), args, argnums)
+        fit = calibrate3([*calibration, (unfused, peak_unfused)])
+        if fit is not None and fit != fits[0]:
+            fits.append(fit)
+        calibration.append((unfused, peak_unfused))
     return _Prepared(
         fn=fn,
         args=tuple(args),
@@ -384,10 +399,12 @@ def _prepare(
         options=tuple(options),
         offsets=tuple(offsets),
         base=float(base),
+        slice=float(slice_weight),
+        fits=tuple(fits),
         weight=float(weight),
         stored=float(stored),
-        smallest=min(peak_all, peak_none),
-        calibration=((everything, peak_all), (nothing, peak_none)),
+        smallest=min(p for _, p in calibration),
+        calibration=tuple(calibration),
         fingerprint=print_,
         model_seconds=model_seconds,
     )
@@ -396,14 +413,40 @@ def _prepare(
 def _plan_prepared(
     prep: _Prepared, budget: Any, max_rounds: int = 4, device_memory: int | None = None
 ) -> Plan:
-    """Solves, rewrites and measures for one budget (see `plan`)."""
+    """Solves, rewrites and measures for one budget (see `plan`), with each calibrated memory
+    model (`_Prepared.fits`), and keeps the plan with the fewest measured FLOPs (then the
+    smallest measured peak)."""
+    plans: list[Plan] = []
+    errors: list[InfeasibleBudget] = []
+    for base, stored, slice_weight, weight in prep.fits:
+        variant = dataclasses.replace(
+            prep, base=base, stored=stored, slice=slice_weight, weight=weight
+        )
+        try:
+            plans.append(_plan_one(variant, budget, max_rounds, device_memory))
+        except InfeasibleBudget as err:
+            errors.append(err)
+    if not plans:
+        raise min(errors, key=lambda e: e.smallest_peak_bytes)
+    best = min(plans, key=lambda p: (p.measured.flops, p.measured_peak_bytes))
+    return dataclasses.replace(
+        best,
+        solve_seconds=prep.model_seconds + sum(p.solve_seconds - prep.model_seconds for p in plans),
+        rounds=sum(p.rounds for p in plans),
+    )
+
+
+def _plan_one(
+    prep: _Prepared, budget: Any, max_rounds: int = 4, device_memory: int | None = None
+) -> Plan:
+    """`_plan_prepared` with the memory model ``prep`` has."""
     baseline_peak = peak_of(prep.baseline)
     budget_bytes = parse_budget(budget, baseline_peak, device_memory)
     fn, args, argnums = prep.fn, prep.args, prep.argnums
     weights = dict(
         transient_weight=prep.weight,
         stored_weight=prep.stored,
-        slice_weight=prep.stored * SLICE_WEIGHT,
+        slice_weight=prep.slice,
     )
     solve_seconds = prep.model_seconds
     margin = 0.0
@@ -427,8 +470,7 @@ def _plan_prepared(
             if solution is None:  # the solver gave up (time limit)
                 break
         choice = decode(
-            solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
-            prep.stored * SLICE_WEIGHT,
+            solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored, prep.slice,
         )  # fmt: skip
         solve_seconds += time.perf_counter() - clock
         key = tuple(
@@ -469,7 +511,8 @@ def _plan_prepared(
         planned = rewrite(fn, choice.choices)
         measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
         model = (
-            prep.stored * (choice.stored + SLICE_WEIGHT * choice.sliced)
+            prep.stored * choice.stored
+            + prep.slice * choice.sliced
             + prep.weight * choice.transient
         )
         best = (choice.flops, peak, rounds, choice, measured, int(prep.base + model))
@@ -519,6 +562,42 @@ def calibrate(
     s = (peak_all - peak_none + weight * transient) / (stored_all - stored_none)
     s = max(s, 0.0)
     return float(peak_all - s * stored_all), float(s), weight
+
+
+def calibrate3(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float, float] | None:
+    """Fits ``peak = base + stored + slice_weight * sliced + transient_weight * transient``
+    exactly through three compiled points (`Choice`, measured peak).
+
+    When the exact fit gives a slice weight outside ``[0, MAX_TRANSIENT_WEIGHT]``, the slice
+    weight is clamped to that range and ``base`` and ``transient_weight`` are fitted to the
+    three points by least squares.
+
+    Returns ``(base, 1.0, slice_weight, transient_weight)``, or None when the three points do
+    not determine it or the transient weight falls outside ``[0, MAX_TRANSIENT_WEIGHT]``.
+
+    Example:
+      >>> from remat._plan import calibrate3
+      >>> from remat._plan_options import Choice
+      >>> c = lambda s, sl, t: Choice({}, (), 0.0, 0.0, stored=s, sliced=sl, transient=t)
+      >>> # base 10, slice weight 0.5, transient weight 1.5:
+      >>> calibrate3([(c(80, 10, 0), 95.0), (c(8, 1, 20), 48.5), (c(40, 5, 4), 58.5)])
+      (10.0, 1.0, 0.5, 1.5)
+    """
+    import numpy as np
+
+    a = np.array([[1.0, c.sliced, c.transient] for c, _ in points])
+    b = np.array([peak - c.stored for c, peak in points])
+    if abs(np.linalg.det(a)) < 1e-6 * max(1.0, float(np.abs(a).max()) ** 2):
+        return None
+    base, slice_weight, weight = (float(round(v, 9)) for v in np.linalg.solve(a, b))
+    if not 0.0 <= slice_weight <= MAX_TRANSIENT_WEIGHT:
+        slice_weight = min(max(slice_weight, 0.0), MAX_TRANSIENT_WEIGHT)
+        rest = b - slice_weight * a[:, 1]
+        (base, weight), *_ = np.linalg.lstsq(a[:, [0, 2]], rest, rcond=None)
+        base, weight = float(base), float(weight)
+    if not 0.0 <= weight <= MAX_TRANSIENT_WEIGHT:
+        return None
+    return base, 1.0, slice_weight, weight
 
 
 def plan_budgets(

@@ -201,13 +201,15 @@ def _positions(models: Sequence[ScanModel]) -> list[int]:
     return [m.index for m in models]
 
 
-def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool) -> Choice:
-    """The per-step choice that saves every needed value (``save``) or none."""
+def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool | str) -> Choice:
+    """The per-step choice that saves every needed value (``save=True``), none (``False``),
+    or every needed value that is not fusible (``"unfused"``)."""
     saved, recomputed, transient = set(), set(), 0.0
     nodes = [n for c in cands for n in c.nodes]
     for o in options:
         for i, node in enumerate(cands[o].nodes):
-            if not node.saveable or (not save and node.recomputable):
+            keep = save is True or (save == "unfused" and not node.fusible)
+            if not node.saveable or (not keep and node.recomputable):
                 recomputed.add(offsets[o] + i)
             elif node.needed or not node.recomputable:
                 saved.add(offsets[o] + i)
