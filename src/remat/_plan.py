@@ -414,8 +414,8 @@ def _plan_prepared(
     prep: _Prepared, budget: Any, max_rounds: int = 4, device_memory: int | None = None
 ) -> Plan:
     """Solves, rewrites and measures for one budget (see `plan`), with each calibrated memory
-    model (`_Prepared.fits`), and keeps the plan with the fewest measured FLOPs (then the
-    smallest measured peak)."""
+    model (`_Prepared.fits`), and keeps the plan with the fewest measured FLOPs; among equally
+    cheap plans, one whose model predicted its peak within 5%, then the smallest peak."""
     plans: list[Plan] = []
     errors: list[InfeasibleBudget] = []
     for base, stored, slice_weight, weight in prep.fits:
@@ -428,12 +428,23 @@ def _plan_prepared(
             errors.append(err)
     if not plans:
         raise min(errors, key=lambda e: e.smallest_peak_bytes)
-    best = min(plans, key=lambda p: (p.measured.flops, p.measured_peak_bytes))
+    best = min(plans, key=lambda p: (p.measured.flops, _inaccurate(p), p.measured_peak_bytes))
     return dataclasses.replace(
         best,
         solve_seconds=prep.model_seconds + sum(p.solve_seconds - prep.model_seconds for p in plans),
         rounds=sum(p.rounds for p in plans),
     )
+
+
+def _rank(candidate: tuple[Any, ...]) -> tuple[float, bool, int]:
+    flops, peak, *_, predicted = candidate
+    return flops, abs(predicted - peak) > 0.05 * peak, peak
+
+
+def _inaccurate(p: Plan) -> bool:
+    """Whether the model's prediction missed the plan's measured peak by more than 5%."""
+    measured = p.measured_peak_bytes or 1
+    return abs(p.predicted_peak_bytes - measured) > 0.05 * measured
 
 
 def _plan_one(
@@ -492,7 +503,9 @@ def _plan_one(
         error = peak - predicted  # > 0: the model was optimistic
         if peak <= budget_bytes:
             candidate = (choice.flops, peak, rounds, choice, measured, predicted)
-            if best is None or candidate[:2] < best[:2]:
+            # The fewest FLOPs; among equally cheap plans (e.g. a value saved under an alias),
+            # one the model predicted within 5%, then the smallest peak.
+            if best is None or _rank(candidate) < _rank(best):
                 best = candidate
             if error >= -0.02 * budget_bytes or seen:
                 break  # the model was not pessimistic enough to leave a cheaper plan out
