@@ -320,6 +320,39 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# What was checked about the model (measured on the demo GPT at 25% of its peak, 2026-11-22;
+# the numbers that this script measures on each run are in the per-architecture lists).
+NOTES = [
+    "How the model was checked against the compiled program (demo GPT, 25% of the peak):",
+    "",
+    "- FLOPs: the model now counts what is measured, matmul FLOPs; elementwise values are "
+    "free to recompute. With one FLOP per element, as before, it saved 16 LayerNorm and "
+    "softmax statistics (0.5 MiB in all) to spare a few elementwise FLOPs, and that raised "
+    "the compiled peak by 5.6 MiB (saving the attention output, the post-attention residual "
+    "and the MLP's up-projection: 51.6 MiB; the same with the statistics: 57.3 MiB). The "
+    "model's recompute FLOPs now equal the measured ones (e.g. +9.4%, +11.7%, +23.4% for "
+    "three plans, each as measured).",
+    "- Memory: recomputed values cost transient memory only if XLA materialises them "
+    "(matmul outputs and operands, and what is computed from them); fused elementwise "
+    "recomputation from saved values is free; one step's saved values are live twice (read "
+    "out of the stacked buffers). The previous model charged the all-saved point's 18.3 MiB "
+    "of backward working set to every plan and overestimated plans that save a few values "
+    "per step by up to 25% (the +9.4% plan above: predicted 64.4 MiB, measured 51.6 MiB), "
+    "so it never tried them. A third calibration point (every unfused value saved) gives a "
+    "second fit; the planner solves with each and keeps the cheapest measured plan.",
+    "- The solver: HiGHS with presolve declares the 25% program infeasible, with either "
+    "memory model, although it has solutions (presolve off proves an optimum of +14.0% "
+    "model FLOPs, resp. +18.7%, in 0.5 s), so presolve stays off; memory "
+    "coefficients are scaled by the largest one and FLOPs by their sum (both O(1)), and the "
+    "optimum is proved (relative gap 1e-9). The least-memory plan within a FLOPs limit "
+    "(`solve(..., minimize='memory', max_flops=...)`) is what the last line of each list "
+    "measures.",
+    "- Schedules: `Nested(2)` re-runs every step's forward pass once more (+33% of the "
+    "step's FLOPs on these stacks) and `Binomial` more; they are in the program with every "
+    "save set but lose to per-step save sets at 25% on the GPT and the Mixer.",
+]
+
+
 def section(results: list[dict], wall: float) -> str:
     parts = [
         MARKERS[0],
@@ -336,6 +369,7 @@ def section(results: list[dict], wall: float) -> str:
         "each with `per_step`, `Nested(2)` and `Binomial(2)`. Solve time is tracing, "
         "modelling and the MILP, without the verification compiles.",
     ]
+    parts += ["", *NOTES]
     for result in results:
         parts += ["", f"### {result['title']}", "", table(result), ""]
         parts += [f"- {line}" for line in _targets(result)]

@@ -262,3 +262,23 @@ def test_cost_model_counts_matmul_flops_and_fusible_values(stack):
     # are materialised when recomputed; the residual add is fused into its consumers.
     assert not first.fusible and not second.fusible and not tanh.fusible
     assert add.fusible
+
+
+def test_calibrate3_clamps_a_negative_slice_weight():
+    # Exact through the points: base 5, slice weight -0.5, transient weight 1. A negative
+    # slice weight is clamped to 0; base and transient weight are then fitted by least
+    # squares to peak - stored = (0, 24.5, 6.5) at transient (0, 20, 4):
+    #   3 b + 24 w = 31,  24 b + 416 w = 516  ->  w = 268 / 224, b = (31 - 24 w) / 3.
+    from remat._plan import calibrate3
+    from remat._plan_options import Choice
+
+    def c(stored, sliced, transient):
+        return Choice({}, (), 0.0, 0.0, stored=stored, sliced=sliced, transient=transient)
+
+    points = [(c(80, 10, 0), 80.0), (c(8, 1, 20), 32.5), (c(40, 5, 4), 46.5)]
+    base, stored, slice_weight, weight = calibrate3(points)
+    assert (stored, slice_weight) == (1.0, 0.0)
+    assert weight == pytest.approx(268 / 224)
+    assert base == pytest.approx((31 - 24 * 268 / 224) / 3)
+    # Three points on one line do not determine the fit.
+    assert calibrate3([(c(1, 1, 1), 3.0), (c(2, 2, 2), 6.0), (c(3, 3, 3), 9.0)]) is None
