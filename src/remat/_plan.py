@@ -436,11 +436,6 @@ def _plan_prepared(
     )
 
 
-def _rank(candidate: tuple[Any, ...]) -> tuple[float, bool, int]:
-    flops, peak, *_, predicted = candidate
-    return flops, abs(predicted - peak) > 0.05 * peak, peak
-
-
 def _inaccurate(p: Plan) -> bool:
     """Whether the model's prediction missed the plan's measured peak by more than 5%."""
     measured = p.measured_peak_bytes or 1
@@ -503,9 +498,7 @@ def _plan_one(
         error = peak - predicted  # > 0: the model was optimistic
         if peak <= budget_bytes:
             candidate = (choice.flops, peak, rounds, choice, measured, predicted)
-            # The fewest FLOPs; among equally cheap plans (e.g. a value saved under an alias),
-            # one the model predicted within 5%, then the smallest peak.
-            if best is None or _rank(candidate) < _rank(best):
+            if best is None or candidate[:2] < best[:2]:
                 best = candidate
             if error >= -0.02 * budget_bytes or seen:
                 break  # the model was not pessimistic enough to leave a cheaper plan out
