@@ -347,6 +347,22 @@ NOTES = [
     "optimum is proved (relative gap 1e-9). The least-memory plan within a FLOPs limit "
     "(`solve(..., minimize='memory', max_flops=...)`) is what the last line of each list "
     "measures.",
+    "- Why +9% at 25% is out of reach on the GPT: parameters and gradients (12.4 MiB) and "
+    "one layer's recomputation and backward pass (25.0 MiB with every layer recomputed) "
+    "leave 9.5 MiB of the 50.9 MiB for saved values, about 1.2 MiB per layer; a layer's "
+    "MLP up-projection alone is 2 MiB, and not recomputing it (134 MFLOP per layer, 9.4% of "
+    "the step) means saving it. The cheapest plan near the target, +9.4% (the attention "
+    "output, the post-attention residual and the up-projection saved: 3.5 MiB per layer), "
+    "measures 51.6 MiB, 0.7 MiB over the budget; the next cheaper one, +11.7% (the "
+    "residual and the up-projection), measures 47.7 MiB and is the plan below. The logits "
+    "(1 MiB each for logits, log-probabilities and their gradient) are not what fills it.",
+    "- Where the model still misses by more than 10% (this run): the Mixer at 25% "
+    "predicted 22.55 MiB for a plan that measures 20.09 MiB (pessimistic: the next round, "
+    "corrected, found only an equally cheap plan under another name, 20.34 MiB), and the "
+    "GRU at 25% predicted 6.33 MiB for a `Nested(2)` plan that measures 7.05 MiB (now "
+    "that re-run forward steps cost only their matmuls, `Nested(2)` ties with per-step "
+    "full recomputation at ×1.400 and wins on memory: 7.05 MiB against 9.36 MiB, whose "
+    "prediction was within 1.4%). Both plans fit their budgets.",
     "- Schedules: `Nested(2)` re-runs every step's forward pass once more (+33% of the "
     "step's FLOPs on these stacks) and `Binomial` more; they are in the program with every "
     "save set but lose to per-step save sets at 25% on the GPT and the Mixer.",
