@@ -361,8 +361,8 @@ NOTES = [
     "corrected, found only an equally cheap plan under another name, 20.34 MiB), and the "
     "GRU at 25% predicted 6.33 MiB for a `Nested(2)` plan that measures 7.05 MiB (now "
     "that re-run forward steps cost only their matmuls, `Nested(2)` ties with per-step "
-    "full recomputation at ×1.400 and wins on memory: 7.05 MiB against 9.36 MiB, whose "
-    "prediction was within 1.4%). Both plans fit their budgets.",
+    "full recomputation at ×1.400 and wins on memory: 7.05 MiB against 9.36 MiB in the "
+    "previous run, predicted within 1.4% there). Both plans fit their budgets.",
     "- Schedules: `Nested(2)` re-runs every step's forward pass once more (+33% of the "
     "step's FLOPs on these stacks) and `Binomial` more; they are in the program with every "
     "save set but lose to per-step save sets at 25% on the GPT and the Mixer.",

@@ -13,7 +13,8 @@ Trace → cost model → solve → rewrite → compile and measure:
    saved gives how much of a step's materialised recomputed values is live at once.
 4. The chosen plan is compiled and measured (`remat.measure`); if its peak is over the
    budget, the model's budget is tightened by the error and the program solved again, a
-   bounded number of times. If nothing fits, `InfeasibleBudget` says how close it came.
+   bounded number of times. This is done with each calibrated fit of the memory model (a
+   third compiled point gives a second fit), keeping the cheapest measured plan. If nothing fits, `InfeasibleBudget` says how close it came.
 
 Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts; the
 backward loop of a `remat.Binomial` schedule has no static trip count, so for plans that use
