@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remat._milp import Node, Option, solve
+from remat._milp import Node, Option, materialised, solve
 
 
 def chain(n, *, bytes_=4, flops=10.0, steps=10):
@@ -125,7 +126,7 @@ def test_deterministic():
     assert solve(nodes, 100) == solve(nodes, 100)
 
 
-def _brute_force(nodes, budget):
+def _brute_force(nodes, budget, slice_weight=0.0):
     """Exhaustive optimum: (flops, memory) of the best feasible choice, or None."""
     n = len(nodes)
     best = None
@@ -139,7 +140,12 @@ def _brute_force(nodes, budget):
         if any(u not in S | R for i in R for u in nodes[i].inputs):
             continue
         mem = sum(nodes[i].bytes * nodes[i].multiplicity for i in S)
-        mem += sum(nodes[i].bytes for i in R if nodes[i].needed)
+        mem += slice_weight * sum(nodes[i].bytes for i in S if nodes[i].multiplicity > 1)
+        live = set()  # materialised: not fusible, or computed from a materialised value
+        for i in sorted(R):  # inputs precede their users in these graphs
+            if not nodes[i].fusible or any(u in live for u in nodes[i].inputs):
+                live.add(i)
+        mem += sum(nodes[i].bytes for i in live if nodes[i].needed)
         if mem > budget:
             continue
         cost = sum(nodes[i].recompute_flops for i in R)
@@ -162,21 +168,75 @@ def graphs(draw):
                 multiplicity=draw(st.sampled_from([1, 3])),
                 needed=draw(st.booleans()),
                 recomputable=draw(st.integers(0, 3)) > 0,
+                fusible=draw(st.booleans()),
             )
         )
     budget = draw(st.integers(0, 60))
-    return nodes, budget
+    return nodes, budget, draw(st.sampled_from([0.0, 1.0]))
 
 
 @settings(max_examples=60, deadline=None)
 @given(graphs())
 def test_matches_exhaustive_search(case):
-    nodes, budget = case
-    expected = _brute_force(nodes, budget)
-    got = solve(nodes, budget)
+    nodes, budget, slice_weight = case
+    expected = _brute_force(nodes, budget, slice_weight)
+    got = solve(nodes, budget, slice_weight=slice_weight)
     if expected is None:
         assert got is None
     else:
         assert got is not None
         assert got.recompute_flops == pytest.approx(expected)
-        assert got.memory_bytes <= budget
+        assert got.memory_bytes + slice_weight * got.slice_bytes <= budget
+
+
+def test_fusible_recompute_from_saved_values_costs_no_transient():
+    # a: a matmul (100 FLOPs); b = act(a): elementwise (0 FLOPs). Both needed, 10 steps.
+    a = Node(bytes=4, flops=100, multiplicity=10, needed=True)
+    b = Node(bytes=4, flops=0, inputs=(0,), multiplicity=10, needed=True, fusible=True)
+    # Save a, recompute b: b is fused into its consumers, so no transient: 40 bytes.
+    s = solve([a, b], budget_bytes=40)
+    assert s.saved == {0} and s.recomputed == {1} and s.transient_bytes == 0
+    assert s.memory_bytes == 40
+    # Not fusible (e.g. a matmul reads it): one step's b is live, so saving a costs 44
+    # bytes; within 40 only recomputing both fits (8 bytes, 1000 FLOPs).
+    unfused = [a, dataclasses.replace(b, fusible=False)]
+    s = solve(unfused, budget_bytes=44)
+    assert s.saved == {0} and s.memory_bytes == 44 and s.recompute_flops == 0
+    assert solve(unfused, budget_bytes=43).recompute_flops == 1000
+    # Recompute both: a is a matmul, so b (computed from it) is materialised too: 8 bytes.
+    s = solve([a, b], budget_bytes=8)
+    assert s.recomputed == {0, 1} and s.transient_bytes == 8 and s.recompute_flops == 1000
+
+
+def test_materialised_follows_chains_from_recomputed_matmuls():
+    mm = Node(bytes=1, flops=10)
+    e1 = Node(bytes=1, flops=0, inputs=(0,), fusible=True)
+    e2 = Node(bytes=1, flops=0, inputs=(1,), fusible=True)
+    nodes = [mm, e1, e2]
+    assert materialised(nodes, {0, 1, 2}) == {0, 1, 2}
+    assert materialised(nodes, {1, 2}) == set()  # mm saved: the chain is fused
+    assert materialised(nodes, {2}) == set()
+
+
+def test_slice_weight_counts_one_step_of_saved_values():
+    # Saving a (4 bytes x 10 steps) with slice_weight 1: 40 + 4 bytes (recomputing it would
+    # cost 4 bytes and 1000 FLOPs); an invariant value (multiplicity 1) is not sliced.
+    a = Node(bytes=4, flops=100, multiplicity=10, needed=True)
+    assert solve([a], budget_bytes=43, slice_weight=1.0).recompute_flops == 1000
+    assert solve([a], budget_bytes=43, slice_weight=0.0).recompute_flops == 0
+    s = solve([a], budget_bytes=44, slice_weight=1.0)
+    assert s.saved == {0} and s.slice_bytes == 4 and s.saved_bytes == 40
+    w = Node(bytes=4, flops=100, multiplicity=1, needed=True)
+    s = solve([w], budget_bytes=4, slice_weight=1.0)
+    assert s.saved == {0} and s.slice_bytes == 0
+
+
+def test_max_flops_gives_the_least_memory_within_a_flops_limit():
+    # chain of three needed values, 10 FLOPs each, 10 steps (see test_chain_*): saving all
+    # costs 120 bytes and 0 FLOPs; saving v0 only costs 40 + 8 bytes and 200 FLOPs.
+    nodes = chain(3)
+    assert solve(nodes, 0, minimize="memory", max_flops=0).memory_bytes == 120
+    s = solve(nodes, 0, minimize="memory", max_flops=200)
+    assert s.recompute_flops == 200 and s.memory_bytes == 48
+    # 100 FLOPs: one value recomputed from a saved one: 80 + 4 bytes.
+    assert solve(nodes, 0, minimize="memory", max_flops=150).memory_bytes == 84

@@ -239,3 +239,46 @@ def test_falls_back_to_a_measured_calibration_point(stack, monkeypatch):
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
     with pytest.raises(remat.InfeasibleBudget):
         _plan._plan_prepared(prep, peak_none - 1)
+
+
+def test_cost_model_counts_matmul_flops_and_fusible_values(stack):
+    # Body: h + tanh(h @ w1) @ w2 with h (128, 16), w1 (16, 64), w2 (64, 16).
+    from remat._costmodel import model_scans
+    from remat._tag import planned_scans
+
+    loss, args = stack
+    (model,) = model_scans(planned_scans(loss, *args))
+    by_primitive = {}
+    for v in model.values:
+        by_primitive.setdefault(v.primitive, []).append(v)
+    first, second = by_primitive["dot_general"]
+    # FLOPs are what the measured HLO counts: matmuls exactly, elementwise ops nothing.
+    assert first.flops == 2 * 128 * 16 * 64 and second.flops == 2 * 128 * 64 * 16
+    assert model.step_flops == first.flops + second.flops
+    (tanh,) = by_primitive["tanh"]
+    (add,) = by_primitive["add"]
+    assert tanh.flops == 0 and add.flops == 0
+    # A matmul's output, and a value a matmul reads (tanh's, the second matmul's operand),
+    # are materialised when recomputed; the residual add is fused into its consumers.
+    assert not first.fusible and not second.fusible and not tanh.fusible
+    assert add.fusible
+
+
+def test_calibrate3_clamps_a_negative_slice_weight():
+    # Exact through the points: base 5, slice weight -0.5, transient weight 1. A negative
+    # slice weight is clamped to 0; base and transient weight are then fitted by least
+    # squares to peak - stored = (0, 24.5, 6.5) at transient (0, 20, 4):
+    #   3 b + 24 w = 31,  24 b + 416 w = 516  ->  w = 268 / 224, b = (31 - 24 w) / 3.
+    from remat._plan import calibrate3
+    from remat._plan_options import Choice
+
+    def c(stored, sliced, transient):
+        return Choice({}, (), 0.0, 0.0, stored=stored, sliced=sliced, transient=transient)
+
+    points = [(c(80, 10, 0), 80.0), (c(8, 1, 20), 32.5), (c(40, 5, 4), 46.5)]
+    base, stored, slice_weight, weight = calibrate3(points)
+    assert (stored, slice_weight) == (1.0, 0.0)
+    assert weight == pytest.approx(268 / 224)
+    assert base == pytest.approx((31 - 24 * 268 / 224) / 3)
+    # Three points on one line do not determine the fit.
+    assert calibrate3([(c(1, 1, 1), 3.0), (c(2, 2, 2), 6.0), (c(3, 3, 3), 9.0)]) is None

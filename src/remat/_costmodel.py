@@ -2,8 +2,9 @@
 
 For every scan of a traced program (see `_tag.py` for how values are numbered and named) the
 model records, per value of the body: its bytes, the FLOPs to compute it (``dot_general`` and
-convolutions exactly, other primitives one FLOP per output element, nested loops times their
-trip count), the values it is computed from, whether it is loop-invariant (depends only on the
+convolutions exactly, nested loops times their trip count, other primitives none: see
+`ELEMENTWISE_FLOPS`), whether XLA fuses its recomputation into its consumers (no matmul in it
+and no matmul reads it), the values it is computed from, whether it is loop-invariant (depends only on the
 scan's constants: JAX hoists such residuals out of the loop, so they are stored once), and
 whether the backward pass of the step needs it. The last is read from JAX itself: the body,
 with every value tagged, is checkpointed with a policy that may save any tagged value, and
@@ -29,6 +30,17 @@ from ._rewrite import ScanInfo, _source
 from ._shard_counts import shard_counts
 from ._tag import _spec, eval_tagged, flatten, is_tagged, value_name
 
+# The FLOPs the model charges per element of a value that is not a matmul or convolution.
+# Zero, so that the model counts what is measured (matmul FLOPs in the optimised HLO) and,
+# among plans that recompute equally many matmul FLOPs, the integer program's tie-break takes
+# the least memory: elementwise values (normalisation statistics, activations, softmax) are
+# recomputed rather than saved. Saving them looks nearly free in bytes but is not: on the demo
+# GPT, saving the 16 LayerNorm/softmax statistics (0.5 MiB in all) beside the matmul outputs
+# raised the compiled peak by 5.6 MiB, because XLA then materialises the recomputed
+# normalisations that it otherwise fuses into their consumers.
+ELEMENTWISE_FLOPS = 0.0
+
+_MATMULS = ("dot_general", "conv_general_dilated")
 _NAMED = re.compile(r"named '(remat_[^']+)'")
 _ARGUMENT = re.compile(r"from the argument .*?\[(\d+)\]")
 
@@ -38,8 +50,9 @@ def aval_bytes(aval: Any) -> int:
     return int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
 
 
-def eqn_flops(eqn: Any) -> float:
-    """FLOPs of one equation: exact for matmuls and convolutions, one per element otherwise."""
+def eqn_flops(eqn: Any, elementwise: float = 1.0) -> float:
+    """FLOPs of one equation: exact for matmuls and convolutions, ``elementwise`` per output
+    element otherwise (the planner's model uses 0: see `ELEMENTWISE_FLOPS`)."""
     name = eqn.primitive.name
     out_elems = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
     if name == "dot_general":
@@ -52,7 +65,7 @@ def eqn_flops(eqn: Any) -> float:
         return 2.0 * out_elems * math.prod(rhs) / max(out_features, 1)
     subs = list(jcore.jaxprs_in_params(eqn.params))
     if subs:
-        inner = [jaxpr_flops(s) for s in subs]
+        inner = [jaxpr_flops(s, elementwise) for s in subs]
         if name == "cond":
             return max(inner)
         if name == "scan":
@@ -60,13 +73,13 @@ def eqn_flops(eqn: Any) -> float:
         if name in ("custom_jvp_call", "custom_vjp_call"):
             return inner[0]
         return float(sum(inner))
-    return float(out_elems)
+    return elementwise * float(out_elems)
 
 
-def jaxpr_flops(jaxpr: Any) -> float:
+def jaxpr_flops(jaxpr: Any, elementwise: float = 1.0) -> float:
     """Forward FLOPs of a jaxpr (loops times their trip count; while loops counted once)."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    return float(sum(eqn_flops(e) for e in jaxpr.eqns))
+    return float(sum(eqn_flops(e, elementwise) for e in jaxpr.eqns))
 
 
 def source_of(eqn: Any) -> str | None:
@@ -91,6 +104,10 @@ class Value:
     recomputable: bool
     invariant: bool
     source: str | None
+    # Recomputing it costs no memory of its own unless an input does: no matmul in it, and no
+    # matmul reads it (XLA fuses elementwise work into consumers, but a matmul's operands,
+    # here and in the backward pass, are buffers of their own).
+    fusible: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +136,7 @@ class ScanModel:
                 saveable=v.saveable,
                 recomputable=v.recomputable,
                 group=group,
+                fusible=v.fusible,
             )
             for v in self.values
         ]
@@ -165,12 +183,15 @@ def model_scan(
             )
         )
     names: dict[str, int] = {}
+    matmul_operands = {
+        v for e in jaxpr.eqns if e.primitive.name in _MATMULS for v in e.invars
+    }  # fmt: skip
     for j, e in enumerate(jaxpr.eqns):
         inputs = tuple(
             sorted({where[v] for v in e.invars if not isinstance(v, jcore.Literal) and v in where})
         )
         invariant = all(isinstance(v, jcore.Literal) or v in invariant_vars for v in e.invars)
-        flops = eqn_flops(e)
+        flops = eqn_flops(e, ELEMENTWISE_FLOPS)
         for k, var in enumerate(e.outvars):
             if invariant:
                 invariant_vars.add(var)
@@ -192,6 +213,7 @@ def model_scan(
                     recomputable=True,
                     invariant=invariant,
                     source=source_of(e),
+                    fusible=flops == 0 and var not in matmul_operands,
                 )
             )
     needed, forced = _needed(flat, index, names, nc, nk)
@@ -202,7 +224,7 @@ def model_scan(
         values=tuple(values),
         carry_bytes=carry_bytes,
         forced_bytes=forced,
-        step_flops=jaxpr_flops(jaxpr),
+        step_flops=jaxpr_flops(jaxpr, ELEMENTWISE_FLOPS),
         source=info.source or None,
     )
 

@@ -7,18 +7,22 @@ needs some of its values. Each such value is either *saved* (kept from the forwa
 its bytes once per scan step) or *recomputed* in the backward pass (costing its FLOPs once per
 step), and a value can be recomputed only from values that are themselves saved or recomputed
 (or are free inputs). Since the backward pass of one step runs at a time, recomputed values
-cost memory only transiently: the largest step's recomputed bytes, once.
+cost memory only transiently: the largest step's *materialised* recomputed bytes, once. A
+recomputed value is materialised unless it is fusible (elementwise: XLA fuses it into its
+consumers) and computed only from saved values or other fused ones.
 
-Variables per node ``v``: binary ``save[v]``, binary ``recompute[v]``; one continuous
-``transient``. Minimise ``sum(recompute[v] * flops[v] * mult[v])`` (plus a tiny multiple of the
+Variables per node ``v``: binary ``save[v]``, binary ``recompute[v]``, continuous
+``materialised[v]`` in [0, 1]; one continuous ``transient``. Minimise ``sum(recompute[v] * flops[v] * mult[v])`` (plus a tiny multiple of the
 memory, so that among equally cheap choices the smallest is taken, which keeps the chosen
 memory monotone in the budget) subject to::
 
     save[v] + recompute[v] >= 1                 for every value the backward pass needs
     recompute[v] <= save[u] + recompute[u]      for every input u of v
     save[v] + recompute[v] <= 1
-    sum_{v in group g, needed} recompute[v] * bytes[v] <= transient     for every group g
-    fixed + sum(save[v] * bytes[v] * mult[v]) + transient <= budget
+    materialised[v] >= recompute[v]                         for v not fusible
+    materialised[v] >= recompute[v] + materialised[u] - 1   for fusible v, every input u
+    sum_{v in group g, needed} materialised[v] * bytes[v] <= transient   for every group g
+    fixed + sum(save[v] * bytes[v] * (mult[v] + slice)) + transient <= budget
 
 A scan's schedule is chosen in the same program: each schedule is an `Option` with its own
 copy of the scan's nodes (stored once per step, or once per inner block step for `Nested`)
@@ -61,6 +65,10 @@ class Node:
         ``bytes * multiplicity`` copied out and back, in FLOP-equivalents: see
         `remat._offload`), or None when it cannot be offloaded. An offloaded value costs no
         device memory and counts as available, like a saved one.
+      fusible: whether XLA fuses its recomputation into its consumers (an elementwise op):
+        when recomputed, it then costs no transient memory unless one of its inputs is
+        itself a materialised recomputed value (see `materialised`). ``False``: a recomputed
+        value is materialised (a matmul's output).
     """
 
     bytes: int
@@ -74,6 +82,7 @@ class Node:
     group: int = 0
     option: int | None = None
     offload_flops: float | None = None
+    fusible: bool = False
 
     @property
     def recompute_flops(self) -> float:
@@ -98,6 +107,8 @@ class Solution:
       offloaded: indices of the nodes kept in host memory (see `Node.offload_flops`).
       offload_flops: their transfer cost, in FLOP-equivalents (included in the objective,
         not in ``recompute_flops``).
+      slice_bytes: one step's copy of the saved values stored per step (``multiplicity >
+        1``): the backward pass of a step reads its saved values out of the stacked buffers.
     """
 
     saved: frozenset[int]
@@ -108,10 +119,12 @@ class Solution:
     options: tuple[int, ...] = ()
     offloaded: frozenset[int] = frozenset()
     offload_flops: float = 0.0
+    slice_bytes: int = 0
 
     @property
     def memory_bytes(self) -> int:
-        """``saved_bytes + transient_bytes``: what the choice adds to the fixed memory."""
+        """``saved_bytes + transient_bytes``: what the choice adds to the fixed memory (with
+        unit weights and no ``slice_weight``)."""
         return self.saved_bytes + self.transient_bytes
 
 
@@ -150,6 +163,29 @@ def _check(nodes: Sequence[Node], options: Sequence[Option]) -> None:
             )
 
 
+def materialised(nodes: Sequence[Node], recomputed: frozenset[int] | set[int]) -> set[int]:
+    """The recomputed nodes that XLA materialises: those that are not fusible, and fusible
+    ones computed from a materialised one (a chain of elementwise ops from saved values is
+    fused into its consumers and costs no memory of its own).
+
+    Example:
+      >>> from remat._milp import Node, materialised
+      >>> mm = Node(bytes=4, flops=100)  # a matmul
+      >>> act = Node(bytes=4, flops=0, inputs=(0,), fusible=True)  # its activation
+      >>> sorted(materialised([mm, act], {0, 1})), sorted(materialised([mm, act], {1}))
+      ([0, 1], [])
+    """
+    out = {i for i in recomputed if not nodes[i].fusible}
+    changed = True
+    while changed:
+        changed = False
+        for i in recomputed:
+            if i not in out and any(u in out for u in nodes[i].inputs):
+                out.add(i)
+                changed = True
+    return out
+
+
 def _solution(nodes: Sequence[Node], options: Sequence[Option], x: np.ndarray) -> Solution:
     n = len(nodes)
     saved = frozenset(i for i in range(n) if x[i] > 0.5)
@@ -158,7 +194,7 @@ def _solution(nodes: Sequence[Node], options: Sequence[Option], x: np.ndarray) -
     off = 2 * n + 1 + len(options)
     offloaded = frozenset(i for i in range(n) if x.size > off + i and x[off + i] > 0.5)
     groups: dict[int, float] = {}
-    for i in recomputed:
+    for i in materialised(nodes, recomputed):
         if nodes[i].needed:
             groups[nodes[i].group] = groups.get(nodes[i].group, 0) + nodes[i].bytes
     transients = [*groups.values(), *(options[k].transient for k in chosen)]
@@ -173,6 +209,7 @@ def _solution(nodes: Sequence[Node], options: Sequence[Option], x: np.ndarray) -
         options=chosen,
         offloaded=offloaded,
         offload_flops=float(sum(nodes[i].offload_flops or 0.0 for i in offloaded)),
+        slice_bytes=int(sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)),
     )
 
 
@@ -184,7 +221,9 @@ def solve(
     fixed_bytes: float = 0,
     transient_weight: float = 1.0,
     stored_weight: float = 1.0,
+    slice_weight: float = 0.0,
     minimize: str = "flops",
+    max_flops: float | None = None,
     time_limit: float = 30.0,
 ) -> Solution | None:
     """Chooses the values to save and to recompute, or returns None when nothing fits.
@@ -199,8 +238,14 @@ def solve(
         (calibrated on the compiled program: XLA fuses much of a step's recomputation).
       stored_weight: the factor by which stored bytes (saved nodes, options' bytes) are
         counted (calibrated likewise; 1 unless the compiled program keeps more or less).
+      slice_weight: the factor on one step's copy of the values saved per step (read out of
+        the stacked buffers by the step's backward pass; see `Solution.slice_bytes`). With
+        several scans it is counted for each, which overestimates.
       minimize: ``"flops"`` (the cheapest choice that fits) or ``"memory"`` (the smallest
         memory reachable at all, whatever it costs; the budget is ignored).
+      max_flops: with ``minimize="memory"``, the most recompute FLOPs allowed (options'
+        FLOPs included): the smallest memory of any choice that recomputes at most this much.
+        ``None``: no limit.
       time_limit: seconds HiGHS may take.
 
     Returns:
@@ -228,13 +273,15 @@ def solve(
     if minimize not in ("flops", "memory"):
         raise ValueError(f"`remat._milp.solve` got minimize={minimize!r}; use 'flops' or 'memory'.")
     n, m = len(nodes), len(options)
-    # save[0..n), recompute[0..n), transient, chosen[0..m), offload[0..n)
-    nvar = 3 * n + 1 + m
-    t, y, off = 2 * n, 2 * n + 1, 2 * n + 1 + m
+    # save[0..n), recompute[0..n), transient, chosen[0..m), offload[0..n), materialised[0..n)
+    nvar = 4 * n + 1 + m
+    t, y, off, z = 2 * n, 2 * n + 1, 2 * n + 1 + m, 3 * n + 1 + m
     mem = np.zeros(nvar)
     flops = np.zeros(nvar)
     for i, node in enumerate(nodes):
         mem[i] = stored_weight * node.bytes * node.multiplicity
+        if node.multiplicity > 1:
+            mem[i] += slice_weight * node.bytes
         flops[n + i] = node.recompute_flops
         flops[off + i] = node.offload_flops or 0.0
     mem[t] = transient_weight
@@ -249,6 +296,12 @@ def solve(
     first, second = flops / scale_flops, mem / scale_mem
     if minimize == "memory":
         first, second = second, first
+    else:
+        # Among choices of equal memory (e.g. a value and its `checkpoint_name` alias), the
+        # same one at every budget: a tiny preference for saving earlier values keeps the
+        # plans, and so the measured peaks, from changing while the budget does not bind.
+        second = second.copy()
+        second[:n] += 1e-6 * (np.arange(n) + 1) / max(n, 1)
 
     data, rows, cols, lo, hi = [], [], [], [], []
 
@@ -269,9 +322,14 @@ def solve(
         row({i: 1.0, n + i: 1.0, off + i: 1.0, **exists}, -np.inf, bound)  # S+R+O <= exists
         for u in sorted(set(node.inputs)):
             row({n + i: 1.0, u: -1.0, n + u: -1.0, off + u: -1.0}, -np.inf, 0.0)
+        # materialised[i] >= recompute[i] (not fusible), or >= recompute[i] + materialised[u] - 1
+        if not node.fusible:
+            row({z + i: 1.0, n + i: -1.0}, 0.0, np.inf)
+        for u in sorted(set(node.inputs)) if node.fusible else ():
+            row({z + i: 1.0, n + i: -1.0, z + u: -1.0}, -1.0, np.inf)
     for g in sorted({node.group for node in nodes}):
         coeffs = {
-            n + i: node.bytes / scale_mem
+            z + i: node.bytes / scale_mem
             for i, node in enumerate(nodes)
             if node.group == g and node.needed
         }
@@ -286,6 +344,9 @@ def solve(
     if minimize == "flops":
         coeffs = {k: mem[k] / scale_mem for k in range(nvar) if mem[k]}
         row(coeffs, -np.inf, (budget_bytes - fixed_bytes) / scale_mem)
+    if max_flops is not None:
+        coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}
+        row(coeffs, -np.inf, max_flops / scale_flops + 1e-9)
     upper = np.ones(nvar)
     for i, node in enumerate(nodes):
         upper[i] = 1.0 if node.saveable else 0.0
@@ -294,6 +355,7 @@ def solve(
     upper[t] = np.inf
     integrality = np.ones(nvar)
     integrality[t] = 0
+    integrality[z:] = 0  # materialised[i] is 0 or 1 at every vertex once recompute[] is
     matrix = sparse.csr_array((data, (rows, cols)), shape=(len(lo), nvar))
     bounds = Bounds(np.zeros(nvar), upper)
     # HiGHS's presolve has been seen to call feasible programs of this shape infeasible; these
@@ -315,6 +377,7 @@ def solve(
     used = (
         fixed_bytes
         + stored_weight * solution.saved_bytes
+        + slice_weight * solution.slice_bytes
         + transient_weight * solution.transient_bytes
     )
     if minimize == "flops" and used > budget_bytes * (1 + 1e-6):

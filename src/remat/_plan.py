@@ -8,12 +8,13 @@ Trace → cost model → solve → rewrite → compile and measure:
    mixed-integer program (`_milp`, Checkmate-style; Jain et al., MLSys 2020) chooses, for all
    scans together, the schedule and the set of values to save that recompute the fewest
    FLOPs within the budget.
-3. The memory model is calibrated on the compiled program: the peak with every needed value
-   saved gives the memory outside the scans; the peak with nothing saved gives how much of a
-   step's recomputed values is live at once (XLA fuses much of it).
+3. The memory model (see `SLICE_WEIGHT`) is calibrated on the compiled program: the peak
+   with every needed value saved gives the memory outside the scans; the peak with nothing
+   saved gives how much of a step's materialised recomputed values is live at once.
 4. The chosen plan is compiled and measured (`remat.measure`); if its peak is over the
    budget, the model's budget is tightened by the error and the program solved again, a
-   bounded number of times. If nothing fits, `InfeasibleBudget` says how close it came.
+   bounded number of times. This is done with each calibrated fit of the memory model (a
+   third compiled point gives a second fit), keeping the cheapest measured plan. If nothing fits, `InfeasibleBudget` says how close it came.
 
 Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts; the
 backward loop of a `remat.Binomial` schedule has no static trip count, so for plans that use
@@ -53,7 +54,6 @@ from ._plan_options import (
     decode,
     fixed_choice,
     offload_costs,
-    stored_bytes,
 )
 from ._schedule import Schedule
 from ._shard_counts import scan_input_splits
@@ -77,6 +77,19 @@ _INFEASIBLE = (
     "un-checkpointed peak {baseline}). Raise the budget to at least {smallest}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
+
+
+# The memory model (fitted by `calibrate` on two compiled points) is
+#   peak = base + stored_weight * (saved bytes + SLICE_WEIGHT * one step's saved bytes)
+#          + transient_weight * (one step's materialised recomputed bytes)
+# The backward pass of a step reads its saved values out of the stacked per-step buffers into
+# buffers of its own, so one step's saved values are live twice (measured on the demo GPT:
+# with every needed value saved, the memory beyond parameters, gradients and saved values is
+# 18.3 MiB for 20.0 MiB of one step's saved values). Without this term the memory that the
+# all-saved calibration point shows was charged to every plan, and plans that save a few
+# values per step were overestimated by up to 25%.
+SLICE_WEIGHT = 1.0
+MAX_TRANSIENT_WEIGHT = 2.0
 
 
 class InfeasibleBudget(ValueError):
@@ -320,8 +333,12 @@ class _Prepared:
     options: tuple[Option, ...]
     offsets: tuple[int, ...]
     base: float  # calibrated memory outside the modelled choice
+    slice: float  # calibrated factor on one step's copy of the saved values
     weight: float  # calibrated fraction of the transient memory that is live
     stored: float  # calibrated factor on stored bytes
+    # (base, stored, slice, weight) of each calibrated memory model; the planner solves with
+    # each and keeps the best measured plan (see `_plan_prepared`).
+    fits: tuple[tuple[float, float, float, float], ...]
     smallest: int  # the smaller calibration peak
     calibration: tuple[tuple[Any, int], ...]  # (Choice, measured peak) of the two points
     fingerprint: str
@@ -364,10 +381,22 @@ def _prepare(
     nothing = fixed_choice(cands, offsets, models, per_step, save=False)
     peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
     peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
+    # The stored term includes one step's copy of the saved values (see `SLICE_WEIGHT`).
     base, stored, weight = calibrate(
-        peak_all, everything.model_bytes, peak_none, stored_bytes(nothing),
-        nothing.model_bytes - stored_bytes(nothing),
+        peak_all, everything.stored + SLICE_WEIGHT * everything.sliced + everything.transient,
+        peak_none, nothing.stored + SLICE_WEIGHT * nothing.sliced, nothing.transient,
     )  # fmt: skip
+    slice_weight = stored * SLICE_WEIGHT
+    fits = [(float(base), float(stored), float(slice_weight), float(weight))]
+    calibration = [(everything, peak_all), (nothing, peak_none)]
+    # A third point, every value saved that XLA does not fuse, fits the slice weight too.
+    unfused = fixed_choice(cands, offsets, models, per_step, save="unfused")
+    if unfused.stored not in (everything.stored, nothing.stored):
+        peak_unfused = light_peak(rewrite(fn, unfused.choices), args, argnums)
+        fit = calibrate3([*calibration, (unfused, peak_unfused)])
+        if fit is not None and fit != fits[0]:
+            fits.append(fit)
+        calibration.append((unfused, peak_unfused))
     return _Prepared(
         fn=fn,
         args=tuple(args),
@@ -379,10 +408,12 @@ def _prepare(
         options=tuple(options),
         offsets=tuple(offsets),
         base=float(base),
+        slice=float(slice_weight),
+        fits=tuple(fits),
         weight=float(weight),
         stored=float(stored),
-        smallest=min(peak_all, peak_none),
-        calibration=((everything, peak_all), (nothing, peak_none)),
+        smallest=min(p for _, p in calibration),
+        calibration=tuple(calibration),
         fingerprint=print_,
         model_seconds=model_seconds,
     )
@@ -391,11 +422,47 @@ def _prepare(
 def _plan_prepared(
     prep: _Prepared, budget: Any, max_rounds: int = 4, device_memory: int | None = None
 ) -> Plan:
-    """Solves, rewrites and measures for one budget (see `plan`)."""
+    """Solves, rewrites and measures for one budget (see `plan`), with each calibrated memory
+    model (`_Prepared.fits`), and keeps the plan with the fewest measured FLOPs; among equally
+    cheap plans, one whose model predicted its peak within 5%, then the smallest peak."""
+    plans: list[Plan] = []
+    errors: list[InfeasibleBudget] = []
+    for base, stored, slice_weight, weight in prep.fits:
+        variant = dataclasses.replace(
+            prep, base=base, stored=stored, slice=slice_weight, weight=weight
+        )
+        try:
+            plans.append(_plan_one(variant, budget, max_rounds, device_memory))
+        except InfeasibleBudget as err:
+            errors.append(err)
+    if not plans:
+        raise min(errors, key=lambda e: e.smallest_peak_bytes)
+    best = min(plans, key=lambda p: (p.measured.flops, _inaccurate(p), p.measured_peak_bytes))
+    return dataclasses.replace(
+        best,
+        solve_seconds=prep.model_seconds + sum(p.solve_seconds - prep.model_seconds for p in plans),
+        rounds=sum(p.rounds for p in plans),
+    )
+
+
+def _inaccurate(p: Plan) -> bool:
+    """Whether the model's prediction missed the plan's measured peak by more than 5%."""
+    measured = p.measured_peak_bytes or 1
+    return abs(p.predicted_peak_bytes - measured) > 0.05 * measured
+
+
+def _plan_one(
+    prep: _Prepared, budget: Any, max_rounds: int = 4, device_memory: int | None = None
+) -> Plan:
+    """`_plan_prepared` with the memory model ``prep`` has."""
     baseline_peak = peak_of(prep.baseline)
     budget_bytes = parse_budget(budget, baseline_peak, device_memory)
     fn, args, argnums = prep.fn, prep.args, prep.argnums
-    weights = dict(transient_weight=prep.weight, stored_weight=prep.stored)
+    weights = dict(
+        transient_weight=prep.weight,
+        stored_weight=prep.stored,
+        slice_weight=prep.slice,
+    )
     solve_seconds = prep.model_seconds
     margin = 0.0
     smallest = prep.smallest
@@ -417,7 +484,9 @@ def _plan_prepared(
                              minimize="memory", **weights)  # fmt: skip
             if solution is None:  # the solver gave up (time limit)
                 break
-        choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored)
+        choice = decode(
+            solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored, prep.slice,
+        )  # fmt: skip
         solve_seconds += time.perf_counter() - clock
         key = tuple(
             sorted(
@@ -456,8 +525,11 @@ def _plan_prepared(
         choice, peak = min(fits, key=lambda cp: (cp[0].flops, cp[1]))
         planned = rewrite(fn, choice.choices)
         measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
-        stored = stored_bytes(choice)
-        model = prep.stored * stored + prep.weight * (choice.model_bytes - stored)
+        model = (
+            prep.stored * choice.stored
+            + prep.slice * choice.sliced
+            + prep.weight * choice.transient
+        )
         best = (choice.flops, peak, rounds, choice, measured, int(prep.base + model))
     _, _, _, choice, measured, predicted = best
     return Plan(
@@ -482,8 +554,9 @@ def calibrate(
 
     Two compiled points: every needed value saved (``stored_all``, no transient) and nothing
     saved (``stored_none`` and ``transient``). With ``stored_weight = 1`` the two give
-    ``base`` and ``transient_weight``; when that weight falls outside ``[0, 1]`` it is clamped
-    and ``stored_weight`` is fitted instead.
+    ``base`` and ``transient_weight``; when that weight falls outside ``[0, 2]`` it is clamped
+    and ``stored_weight`` is fitted instead. (A weight above 1 is real: XLA keeps transposed
+    copies of some recomputed values for the weight-gradient matmuls.)
 
     Returns:
       ``(base, stored_weight, transient_weight)``.
@@ -497,13 +570,49 @@ def calibrate(
     """
     base = peak_all - stored_all
     weight = (peak_none - base - stored_none) / transient if transient else 1.0
-    if 0.0 <= weight <= 1.0 or stored_all == stored_none:
-        return float(base), 1.0, float(min(max(weight, 0.0), 1.0))
-    weight = 0.0 if weight < 0 else 1.0
+    if 0.0 <= weight <= MAX_TRANSIENT_WEIGHT or stored_all == stored_none:
+        return float(base), 1.0, float(min(max(weight, 0.0), MAX_TRANSIENT_WEIGHT))
+    weight = 0.0 if weight < 0 else MAX_TRANSIENT_WEIGHT
     # peak_all = base + s * stored_all;  peak_none = base + s * stored_none + weight * transient
     s = (peak_all - peak_none + weight * transient) / (stored_all - stored_none)
     s = max(s, 0.0)
     return float(peak_all - s * stored_all), float(s), weight
+
+
+def calibrate3(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float, float] | None:
+    """Fits ``peak = base + stored + slice_weight * sliced + transient_weight * transient``
+    exactly through three compiled points (`Choice`, measured peak).
+
+    When the exact fit gives a slice weight outside ``[0, MAX_TRANSIENT_WEIGHT]``, the slice
+    weight is clamped to that range and ``base`` and ``transient_weight`` are fitted to the
+    three points by least squares.
+
+    Returns ``(base, 1.0, slice_weight, transient_weight)``, or None when the three points do
+    not determine it or the transient weight falls outside ``[0, MAX_TRANSIENT_WEIGHT]``.
+
+    Example:
+      >>> from remat._plan import calibrate3
+      >>> from remat._plan_options import Choice
+      >>> c = lambda s, sl, t: Choice({}, (), 0.0, 0.0, stored=s, sliced=sl, transient=t)
+      >>> # base 10, slice weight 0.5, transient weight 1.5:
+      >>> calibrate3([(c(80, 10, 0), 95.0), (c(8, 1, 20), 48.5), (c(40, 5, 4), 58.5)])
+      (10.0, 1.0, 0.5, 1.5)
+    """
+    import numpy as np
+
+    a = np.array([[1.0, c.sliced, c.transient] for c, _ in points])
+    b = np.array([peak - c.stored for c, peak in points])
+    if abs(np.linalg.det(a)) < 1e-6 * max(1.0, float(np.abs(a).max()) ** 2):
+        return None
+    base, slice_weight, weight = (float(round(v, 9)) for v in np.linalg.solve(a, b))
+    if not 0.0 <= slice_weight <= MAX_TRANSIENT_WEIGHT:
+        slice_weight = min(max(slice_weight, 0.0), MAX_TRANSIENT_WEIGHT)
+        rest = b - slice_weight * a[:, 1]
+        (base, weight), *_ = np.linalg.lstsq(a[:, [0, 2]], rest, rcond=None)
+        base, weight = float(base), float(weight)
+    if not 0.0 <= weight <= MAX_TRANSIENT_WEIGHT:
+        return None
+    return base, 1.0, slice_weight, weight
 
 
 def plan_budgets(

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 
 from ._costmodel import ScanModel
-from ._milp import Node, Option, Solution
+from ._milp import Node, Option, Solution, materialised
 from ._schedule import Binomial, Nested, Schedule
 from ._tag import ScanChoice
 
@@ -119,8 +119,11 @@ def assemble(cands: Sequence[Candidate]) -> tuple[list[Node], list[Option], list
 class Choice:
     choices: dict[int, ScanChoice]
     scans: tuple[ScanPlan, ...]
-    model_bytes: float  # saved + weighted transient, without the base
+    model_bytes: float  # weighted saved + sliced + transient, without the base
     flops: float  # the model's recompute FLOPs
+    stored: float = 0.0  # unweighted: saved bytes (with the options' bytes)
+    sliced: float = 0.0  # unweighted: one step's copy of the saved values
+    transient: float = 0.0  # unweighted: the largest step's materialised recomputed bytes
 
 
 def decode(
@@ -130,6 +133,7 @@ def decode(
     models: Sequence[ScanModel],
     transient_weight: float,
     stored_weight: float = 1.0,
+    slice_weight: float = 0.0,
 ) -> Choice:
     choices: dict[int, ScanChoice] = {}
     scans = []
@@ -181,32 +185,40 @@ def decode(
                 offloaded=offloaded,
             )
         )
-    model_bytes = stored_weight * solution.saved_bytes + transient_weight * solution.transient_bytes
+    model_bytes = (
+        stored_weight * solution.saved_bytes
+        + slice_weight * solution.slice_bytes
+        + transient_weight * solution.transient_bytes
+    )
     flops = float(sum(s.recompute_flops for s in scans))
-    return Choice(choices, tuple(scans), model_bytes, flops)
+    return Choice(
+        choices, tuple(scans), model_bytes, flops, stored=float(solution.saved_bytes),
+        sliced=float(solution.slice_bytes), transient=float(solution.transient_bytes),
+    )  # fmt: skip
 
 
 def _positions(models: Sequence[ScanModel]) -> list[int]:
     return [m.index for m in models]
 
 
-def stored_bytes(choice: Choice) -> float:
-    return float(sum(sv.bytes * sv.multiplicity for s in choice.scans for sv in s.saved))
-
-
-def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool) -> Choice:
-    """The per-step choice that saves every needed value (``save``) or none."""
+def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool | str) -> Choice:
+    """The per-step choice that saves every needed value (``save=True``), none (``False``),
+    or every needed value that is not fusible (``"unfused"``)."""
     saved, recomputed, transient = set(), set(), 0.0
+    nodes = [n for c in cands for n in c.nodes]
     for o in options:
-        groups = 0.0
         for i, node in enumerate(cands[o].nodes):
-            if not node.saveable or (not save and node.recomputable):
+            keep = save is True or (save == "unfused" and not node.fusible)
+            if not node.saveable or (not keep and node.recomputable):
                 recomputed.add(offsets[o] + i)
-                groups += node.bytes if node.needed else 0.0
             elif node.needed or not node.recomputable:
                 saved.add(offsets[o] + i)
-        transient = max(transient, groups)
-    nodes = [n for c in cands for n in c.nodes]
+    live = materialised(nodes, recomputed)
+    for o in options:
+        block = range(offsets[o], offsets[o] + len(cands[o].nodes))
+        transient = max(
+            transient, sum(nodes[i].bytes for i in block if i in live and nodes[i].needed)
+        )
     solution = Solution(
         saved=frozenset(saved),
         recomputed=frozenset(recomputed),
@@ -214,8 +226,9 @@ def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool) -> 
         saved_bytes=int(sum(nodes[i].bytes * nodes[i].multiplicity for i in saved)),
         transient_bytes=int(transient),
         options=tuple(options),
+        slice_bytes=int(sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)),
     )
-    return decode(solution, cands, offsets, models, 1.0)
+    return decode(solution, cands, offsets, models, 1.0, 1.0, 1.0)
 
 
 def offload_costs(
