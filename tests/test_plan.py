@@ -282,3 +282,37 @@ def test_calibrate3_clamps_a_negative_slice_weight():
     assert base == pytest.approx((31 - 24 * 268 / 224) / 3)
     # Three points on one line do not determine the fit.
     assert calibrate3([(c(1, 1, 1), 3.0), (c(2, 2, 2), 6.0), (c(3, 3, 3), 9.0)]) is None
+
+
+def test_nested_option_is_charged_what_it_keeps():
+    """A `Nested` scan keeps more than the per-step fits see (the re-run inner block's carries
+    and its slice of ``xs``); the compiled Nested point with nothing saved measures it."""
+    from remat import _plan
+    from remat._plan_measure import light_peak
+    from remat._plan_options import fixed_choice
+    from remat._tag import rewrite
+
+    def loss(w, xs):
+        h, _ = jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x), None), jnp.zeros((4, 32)), xs)
+        return jnp.sum(h**2)
+
+    w = jax.random.normal(jax.random.key(1), (32, 32)) / 6
+    xs = jax.random.normal(jax.random.key(2), (64, 4, 32))
+    prep = _plan._prepare(loss, (w, xs), 0, True)
+    nested = [o for o, c in enumerate(prep.cands) if isinstance(c.schedule, remat.Nested)]
+    assert len(nested) == 1 and len(prep.option_extra) == len(prep.fits)
+    (o,) = nested
+    point = fixed_choice(prep.cands, prep.offsets, prep.models, [o], save=False)
+    peak = light_peak(rewrite(loss, point.choices), (w, xs), 0)
+    for (base, stored, slice_weight, weight), extra in zip(
+        prep.fits, prep.option_extra, strict=True
+    ):
+        assert all(e == 0.0 for k, e in enumerate(extra) if k != o)  # per_step, Binomial
+        model = base + stored * point.stored + slice_weight * point.sliced
+        assert model + weight * point.transient + extra[o] == pytest.approx(peak)
+        assert extra[o] > 0  # the per-step fits miss what the inner block keeps
+    # With the charge, a plan that uses the Nested schedule is predicted within 10%.
+    budget = int(peak * 1.05)
+    p = _plan._plan_prepared(prep, budget)
+    assert p.measured_peak_bytes <= budget
+    assert abs(p.predicted_peak_bytes - p.measured_peak_bytes) <= 0.1 * p.measured_peak_bytes
