@@ -28,6 +28,7 @@ from ._checkpoints import recompute_requested, strip_checkpoints, traced_dot_flo
 from ._hlo import hlo_flops
 from ._measurement import Measurement, Timing
 from ._residuals import saved_residuals
+from ._sharding import num_devices
 from ._strategy import as_strategy
 from ._warnings import RematWarning
 
@@ -229,15 +230,6 @@ def _check_scalar(fn: Callable[..., Any], args: Sequence[Any]) -> None:
         raise ValueError(_NOT_SCALAR.format(got=got))
 
 
-def _num_devices(compiled: Any) -> int:
-    try:
-        shardings = jax.tree_util.tree_leaves(compiled.input_shardings)
-        devices = set().union(*(s.device_set for s in shardings))
-        return max(1, len(devices))
-    except Exception:  # a backend without shardings on its executables
-        return 1
-
-
 ### Main API
 
 
@@ -372,6 +364,6 @@ def measure(
         seconds=seconds,
         strategy=label,
         backend=backend,
-        num_devices=_num_devices(compiled),
+        num_devices=num_devices(compiled),
         plain_flops=plain_flops,
     )
