@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 from remat import Report
 from remat._cli import main as remat_main
 from remat._cli_demo import pick_sentence
-from remat._io import atomic_write_text
+from remat._io import replace_section
 
 BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKERS = ("<!-- demo:start -->", "<!-- demo:end -->")
@@ -61,16 +60,6 @@ def section(report: Report, wall_seconds: float | None, load: float | None = Non
     )
 
 
-def write_section(text: str, path: Path = BENCH_MD) -> None:
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(MARKERS[0]) + ".*?" + re.escape(MARKERS[1]), re.S)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text, old)
-    else:
-        new = old.rstrip() + "\n\n" + text + "\n"
-    atomic_write_text(path, new)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", type=Path, help="record this report.json instead of running")
@@ -90,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         print(text)
     else:
-        write_section(text)
+        replace_section(BENCH_MD, MARKERS, text)
         print(f"wrote the demo section of {BENCH_MD}")
     return 0
 

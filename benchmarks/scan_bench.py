@@ -23,7 +23,6 @@ import argparse
 import datetime
 import os
 import platform
-import re
 import statistics
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 import remat
-from remat._io import atomic_write_text
+from remat._io import replace_section
 
 CARRIES = {"small": (1, 64), "large": (32, 64)}  # carry shape (rows, width)
 STEPS = (64, 256, 1024, 4096)
@@ -268,12 +267,7 @@ def main() -> None:
         ]
     )
     if not args.no_write:
-        text = BENCH_MD.read_text() if BENCH_MD.exists() else "# Benchmarks\n"
-        pattern = re.compile(r"<!-- scan:start -->.*?<!-- scan:end -->", re.S)
-        text = pattern.sub(lambda _: section, text) if pattern.search(text) else (
-            text.rstrip() + "\n\n" + section + "\n"
-        )  # fmt: skip
-        atomic_write_text(BENCH_MD, text)
+        replace_section(BENCH_MD, ("<!-- scan:start -->", "<!-- scan:end -->"), section)
         console.print(f"wrote {BENCH_MD}")
 
 

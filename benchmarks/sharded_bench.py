@@ -22,7 +22,6 @@ os.environ["XLA_FLAGS"] = (
 
 import argparse
 import datetime
-import re
 import sys
 import time
 import warnings
@@ -34,7 +33,7 @@ import numpy as np
 
 import remat
 from remat._gpt_sharded import make_mesh, make_sharded_gpt
-from remat._io import atomic_write_text
+from remat._io import replace_section
 from remat._plan import InfeasibleBudget, plan_budgets
 from remat._report import MIB, current_machine
 
@@ -173,17 +172,6 @@ def section(rows, numbers, sizes, wall) -> str:
     )
 
 
-def write_section(text: str, path: Path = BENCH_MD) -> None:
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(MARKERS[0]) + ".*?" + re.escape(MARKERS[1]), re.S)
-    new = (
-        pattern.sub(lambda _: text, old)
-        if pattern.search(old)
-        else old.rstrip() + "\n\n" + text + "\n"
-    )
-    atomic_write_text(path, new)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, value in SIZES.items():
@@ -196,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(rows, numbers, sizes, time.perf_counter() - start)
     print(text)
     if not args.no_write:
-        write_section(text)
+        replace_section(BENCH_MD, MARKERS, text)
         print(f"wrote the sharded section of {BENCH_MD}")
     return 0
 

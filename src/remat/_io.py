@@ -52,3 +52,27 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def replace_section(path: str | os.PathLike, markers: tuple[str, str], text: str) -> Path:
+    """Replaces the part of the file at ``path`` from ``markers[0]`` to ``markers[1]`` (both
+    included) with ``text``, atomically; appends ``text`` when the markers are not there (or
+    the file does not exist). The benchmarks keep their sections of BENCHMARKS.md this way.
+
+    Example:
+      >>> import tempfile, pathlib
+      >>> from remat._io import replace_section
+      >>> f = pathlib.Path(tempfile.mkdtemp()) / "B.md"
+      >>> marks = ("<!-- a:start -->", "<!-- a:end -->")
+      >>> _ = replace_section(f, marks, "<!-- a:start -->\\none\\n<!-- a:end -->")
+      >>> _ = replace_section(f, marks, "<!-- a:start -->\\ntwo\\n<!-- a:end -->")
+      >>> f.read_text()
+      '# Benchmarks\\n\\n<!-- a:start -->\\ntwo\\n<!-- a:end -->\\n'
+    """
+    import re
+
+    path = Path(path)
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(markers[0]) + ".*?" + re.escape(markers[1]), re.S)
+    new = pattern.sub(lambda _: text, old) if pattern.search(old) else old.rstrip() + "\n\n" + text
+    return atomic_write_text(path, new.rstrip() + "\n")

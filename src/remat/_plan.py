@@ -11,8 +11,8 @@ Trace → cost model → solve → rewrite → compile and measure:
 3. The memory model (see `SLICE_WEIGHT`) is calibrated on the compiled program: the peak
    with every needed value saved gives the memory outside the scans; the peak with nothing
    saved gives how much of a step's materialised recomputed values is live at once.
-   Each `remat.Nested` option is compiled once more (nothing saved): what it keeps beyond
-   the per-step fits is charged to it (`nested_offsets`).
+   Each `remat.Nested` and `remat.Binomial` option is compiled once more: what it keeps
+   beyond the per-step fits is charged to it (`option_offsets`).
 4. The chosen plan is compiled and measured (`remat.measure`); if its peak is over the
    budget, the model's budget is tightened by the error and the program solved again, a
    bounded number of times. This is done with each calibrated fit of the memory model (a
@@ -57,7 +57,7 @@ from ._plan_options import (
     fixed_choice,
     offload_costs,
 )
-from ._schedule import Nested, Schedule
+from ._schedule import Binomial, Nested, Schedule
 from ._shard_counts import scan_input_splits
 from ._tag import planned_scans, rewrite
 from ._warnings import RematWarning
@@ -349,7 +349,7 @@ class _Prepared:
     fits: tuple[tuple[float, float, float, float], ...]
     smallest: int  # the smaller calibration peak
     # Per fit, per option: bytes the schedule costs beyond what the fit predicts, measured on
-    # the compiled program (see `nested_offsets`); zero for ``per_step`` options.
+    # the compiled program (see `option_offsets`); zero for ``per_step`` options.
     option_extra: tuple[tuple[float, ...], ...]
     calibration: tuple[tuple[Any, int], ...]  # (Choice, measured peak) of the two points
     fingerprint: str
@@ -408,7 +408,7 @@ def _prepare(
         if fit is not None and fit != fits[0]:
             fits.append(fit)
         calibration.append((unfused, peak_unfused))
-    option_extra = nested_offsets(fn, args, argnums, cands, offsets, models, per_step, fits)
+    option_extra = option_offsets(fn, args, argnums, cands, offsets, models, per_step, fits)
     return _Prepared(
         fn=fn,
         args=tuple(args),
@@ -445,7 +445,7 @@ def _plan_prepared(
         options = prep.options
         if prep.option_extra:
             options = tuple(
-                dataclasses.replace(o, bytes=max(o.bytes + extra / stored, 0.0))
+                charge(o, extra, stored, weight)
                 for o, extra in zip(prep.options, prep.option_extra[f], strict=True)
             )
         variant = dataclasses.replace(
@@ -463,6 +463,29 @@ def _plan_prepared(
         solve_seconds=prep.model_seconds + sum(p.solve_seconds - prep.model_seconds for p in plans),
         rounds=sum(p.rounds for p in plans),
     )
+
+
+def charge(option: Option, extra: float, stored: float, weight: float) -> Option:
+    """``option`` charged ``extra`` bytes of memory (see `option_offsets`), as the MILP counts
+    them: ``stored * bytes + weight * transient``. A negative charge (the option keeps less
+    than the fit predicts) takes the option's bytes down to zero and the rest off its
+    transient, so that options whose bytes would all be clamped to zero stay ranked.
+
+    Example:
+      >>> from remat._milp import Option
+      >>> from remat._plan import charge
+      >>> charge(Option(group=0, bytes=10.0, transient=40.0), 6.0, stored=2.0, weight=1.0)
+      Option(group=0, bytes=13.0, flops=0.0, transient=40.0)
+      >>> charge(Option(group=0, bytes=10.0, transient=40.0), -30.0, stored=2.0, weight=0.5)
+      Option(group=0, bytes=0.0, flops=0.0, transient=20.0)
+    """
+    if not stored:
+        return option
+    bytes_ = option.bytes + extra / stored
+    if bytes_ >= 0 or not weight:
+        return dataclasses.replace(option, bytes=max(bytes_, 0.0))
+    transient = max(option.transient + bytes_ * stored / weight, 0.0)
+    return dataclasses.replace(option, bytes=0.0, transient=transient)
 
 
 def _inaccurate(p: Plan) -> bool:
@@ -567,31 +590,36 @@ def _plan_one(
     )
 
 
-def nested_offsets(fn, args, argnums, cands, offsets, models, per_step, fits):
-    """Per fit, per option: what a `remat.Nested` schedule keeps beyond the fit's prediction.
+def option_offsets(fn, args, argnums, cands, offsets, models, per_step, fits):
+    """Per fit, per option: what a `remat.Nested` or `remat.Binomial` schedule keeps beyond
+    the fit's prediction.
 
     The fits are calibrated on ``per_step`` programs. A `Nested` scan's backward pass also
     holds what the per-step model does not see: the re-run inner block's carries and its
     slice of ``xs``, and the buffers XLA allocates for the inner scan inside the outer loop
     (on the GRU benchmark, 256 steps as 16 x 16: 0.7 to 1.2 MiB beyond the fit, for 0.25 MiB
-    of outer carries). So each `Nested` option is compiled once, with nothing saved (the
-    other scans ``per_step`` with nothing saved), and the difference between the measured
-    peak and each fit's prediction is charged to the option, as bytes it keeps.
+    of outer carries). A `Binomial` scan's memory (its snapshots, one step's residuals, the
+    buffers of its `fori_loop`) is not a per-step quantity at all. So each such option is
+    compiled once (a `Nested` one with nothing saved, a `Binomial` one as planned; the other
+    scans ``per_step`` with nothing saved), and the difference between the measured peak and
+    each fit's prediction for the same choice (the option's own bytes and transient
+    included, as the MILP counts them) is charged to the option, as bytes it keeps.
 
     Returns:
       ``(extra bytes per option,)`` per fit, aligned with ``fits`` and ``cands``.
     """
     extra = [[0.0] * len(cands) for _ in fits]
     for o, cand in enumerate(cands):
-        if cand.save_all or not isinstance(cand.schedule, Nested):
+        if not isinstance(cand.schedule, Nested | Binomial):
             continue
         others = [p for p in per_step if cands[p].scan != cand.scan]
-        point = fixed_choice(cands, offsets, models, [o, *others], save=False)
+        point = fixed_choice(cands, offsets, models, [o, *others], save=cand.save_all)
         peak = light_peak(rewrite(fn, point.choices), args, argnums)
+        transient = max(point.transient, cand.option.transient)
         for f, (base, stored, slice_weight, weight) in enumerate(fits):
             predicted = (
-                base + stored * point.stored + slice_weight * point.sliced
-                + weight * point.transient
+                base + stored * (point.stored + cand.option.bytes)
+                + slice_weight * point.sliced + weight * transient
             )  # fmt: skip
             extra[f][o] = float(peak - predicted)
     return tuple(tuple(e) for e in extra)

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._budget import format_bytes
+from ._schedule import Binomial
 from ._strategy import _schedule_label
 
 
@@ -28,6 +29,12 @@ def plan_table(plan: Any) -> Group:
                 f"scan {scan.position} ({scan.source or 'source unknown'}), {scan.length} steps: "
                 f"schedule {_schedule_label(scan.schedule)}, recomputes "
                 f"{_flops(scan.recompute_flops)}"
+                + (
+                    "; the step being reversed saves all its residuals (everything_saveable), "
+                    "among them"
+                    if isinstance(scan.schedule, Binomial)
+                    else ""
+                )
             ),
             title_justify="left",
         )

@@ -23,6 +23,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jcore
 
 from ._rewrite import ScanInfo, _count, lax_loop, list_scans, rewrite_scans
+from ._schedule import Binomial
 
 # Call primitives whose bodies are inlined, so the values inside them can be named.
 _INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
@@ -137,7 +138,8 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
 
     Each chosen scan's body is evaluated with every value tagged (see `eval_tagged`) and
     checkpointed with ``save_only_these_names(*choice.names)``; a schedule other than
-    ``"per_step"`` runs the scan with `remat.scan`. Other scans are left as they are.
+    ``"per_step"`` runs the scan with `remat.scan` (a `remat.Binomial` step saves all its
+    residuals, `everything_saveable`, while it is reversed). Other scans are left as they are.
     """
     choices = dict(choices)
 
@@ -158,6 +160,8 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
 
         if choice.schedule == "per_step":
             return jax.checkpoint(tagged, policy=choice.policy(), prevent_cse=False)
+        if isinstance(choice.schedule, Binomial):
+            return body  # saves everything (see `loop`): no names needed
         return tagged
 
     def loop(info: ScanInfo, body: Any, consts, init, xs):
@@ -170,7 +174,15 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
             new, ys = body(consts, carry, x)
             return type(carry)(new), ys  # the loop may hand the carry in as a tuple
 
-        policy = choice.policy()
+        # A Binomial step being reversed keeps all its residuals: the planner saves every
+        # needed value there, and `everything_saveable` on the untagged body takes the least
+        # memory of the ways to say so (demo GPT, Binomial(2): 37.9 MiB; on the tagged body,
+        # or without a checkpoint: 39.9; the needed values named: 41.9).
+        policy = (
+            jax.checkpoint_policies.everything_saveable
+            if isinstance(choice.schedule, Binomial)
+            else choice.policy()
+        )
         return scan(
             step, list(init), list(xs), length=info.length, reverse=info.reverse,
             schedule=choice.schedule, policy=policy,
