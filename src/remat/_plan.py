@@ -264,7 +264,10 @@ def plan(
       budget: bytes (``int``), a size with a unit (``"6GiB"``, ``"512MiB"``), or a fraction
         of the un-checkpointed peak (``0.5`` or ``"50%"``).
       argnums: which positional arguments are differentiated, as in `jax.grad`.
-      schedules: also consider `Nested` and `Binomial` schedules (else only ``per_step``).
+      schedules: also consider `Nested` and `Binomial` schedules (else only ``per_step``);
+        each is compiled once to calibrate what it keeps. A `Binomial` step saves all its
+        residuals while it is reversed; below the memory of recomputing every step, only
+        these schedules fit.
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes; a budget above it is refused. ``None``
         reads it from the backend (``memory_stats()['bytes_limit']``) where it says (GPU,
