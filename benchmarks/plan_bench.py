@@ -441,12 +441,10 @@ NOTES = [
     "step's FLOPs on these stacks) and `Binomial` more; they are in the program with every "
     "save set but lose to per-step save sets at 25% on the GPT and the Mixer. Below the "
     "per-step floor (every step recomputed) only they fit. A `Binomial` step being reversed "
-    "saves all its residuals (`everything_saveable` on the step as written: on the GPT "
-    "37.9 MiB for `Binomial(2)`, against 39.9 MiB on the tagged step and 41.9 MiB with the "
-    "needed values named), and each `Binomial` option is compiled once and charged what it "
-    "keeps beyond the model, as `Nested` options are; before, every `Binomial` option was "
-    "predicted above its peak, all clamped to the same charge, and the planner's smallest "
-    "GPT peak was the per-step floor, 41.4 MiB, above `everything+binomial(2)`'s 37.9 MiB.",
+    "saves all its residuals (`everything_saveable` on the step as written: the same "
+    "compiled memory as the named `everything` strategy with that schedule, as "
+    "`tests/test_plan.py` checks), and each `Binomial` option is compiled once and charged "
+    "what it keeps beyond the model, as `Nested` options are.",
 ]
 
 
