@@ -151,8 +151,7 @@ def run_arch(key: str, out_dir: Path) -> dict:
     for fraction in FRACTIONS:
         start = time.perf_counter()
         budget = int(fraction * peak_of(prep.baseline))
-        fitting = [(m.flops, label) for label, m in named.items() if peak_of(m) <= budget]
-        cheapest = min(fitting) if fitting else None
+        cheapest = cheapest_fitting(named, budget)
         try:
             p = _plan_prepared(prep, fraction)
         except InfeasibleBudget as err:
@@ -172,14 +171,9 @@ def run_arch(key: str, out_dir: Path) -> dict:
     # schedules go below that, at more forward passes).
     per_step_prep = _prepare(fn, args, 0, False)
     for kind, p in (("per_step", per_step_prep), ("any", prep)):
-        smallest = smallest_feasible(p, args, reference, kind)
-        if smallest is None or any(r["budget"] <= smallest["budget"] for r in rows):
-            continue
-        fitting = [
-            (m.flops, label) for label, m in named.items() if peak_of(m) <= smallest["budget"]
-        ]
-        smallest["cheapest"] = min(fitting) if fitting else None
-        rows.append(smallest)
+        smallest = smallest_feasible(p, args, reference, named, kind)
+        if smallest is not None and all(r["budget"] > smallest["budget"] for r in rows):
+            rows.append(smallest)
     if key == "gpt":
         report = Report(
             rows=tuple((label, m) for label, m in named.items()),
@@ -199,7 +193,14 @@ def run_arch(key: str, out_dir: Path) -> dict:
                 anatomy=anatomy)  # fmt: skip
 
 
-def smallest_feasible(prep, args, reference, kind: str, tries=3) -> dict | None:
+def cheapest_fitting(named: dict, budget: float) -> tuple[float, str] | None:
+    """``(FLOPs, label)`` of the named strategy with the fewest FLOPs whose measured peak fits
+    ``budget``, or None when none fits."""
+    fitting = [(m.flops, label) for label, m in named.items() if peak_of(m) <= budget]
+    return min(fitting) if fitting else None
+
+
+def smallest_feasible(prep, args, reference, named, kind: str, tries=3) -> dict | None:
     """The planner at the smallest budget it can meet: asked for 1 byte, it reports the
     smallest peak it reached (`InfeasibleBudget.smallest_peak_bytes`); planning at that
     budget (raised by 1% while it is refused) gives the plan at the smallest feasible budget.
@@ -223,7 +224,8 @@ def smallest_feasible(prep, args, reference, kind: str, tries=3) -> dict | None:
               f"{p.measured_peak_bytes / MIB:.2f} MiB, FLOPs x{p.flops_ratio:.3f}, "
               f"{[str(s.schedule) for s in p.scans]}", flush=True)  # fmt: skip
         return dict(fraction=budget / baseline_peak, budget=budget, plan=p, grad_ok=ok,
-                    cheapest=None, smallest=kind, wall=time.perf_counter() - start)  # fmt: skip
+                    cheapest=cheapest_fitting(named, budget), smallest=kind,
+                    wall=time.perf_counter() - start)  # fmt: skip
     return None
 
 

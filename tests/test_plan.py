@@ -32,6 +32,18 @@ def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh):
     return loss, (params, jax.random.normal(k3, (batch, d)))
 
 
+def recurrence():
+    """A 64-step tanh recurrence (batch 4, width 32), and its (w, xs)."""
+
+    def loss(w, xs):
+        h, _ = jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x), None), jnp.zeros((4, 32)), xs)
+        return jnp.sum(h**2)
+
+    w = jax.random.normal(jax.random.key(1), (32, 32)) / 6
+    xs = jax.random.normal(jax.random.key(2), (64, 4, 32))
+    return loss, (w, xs)
+
+
 @pytest.fixture(scope="module")
 def stack():
     return mlp_stack()
@@ -134,16 +146,7 @@ def test_changed_program_is_refused(stack, plans, tmp_path):
 
 def test_long_recurrence_uses_a_sublinear_schedule():
     """Below the memory of one carry per step, only Nested/Binomial can fit."""
-
-    def loss(w, xs):
-        def cell(h, x):
-            return jnp.tanh(h @ w + x), None
-
-        h, _ = jax.lax.scan(cell, jnp.zeros((4, 32)), xs)
-        return jnp.sum(h**2)
-
-    w = jax.random.normal(jax.random.key(1), (32, 32)) / 6
-    xs = jax.random.normal(jax.random.key(2), (64, 4, 32))
+    loss, (w, xs) = recurrence()
     with pytest.raises(remat.InfeasibleBudget) as err:
         remat.plan(loss, w, xs, budget=0.05, schedules=False, max_rounds=1)
     floor = err.value.smallest_peak_bytes  # the least per_step reaches: a carry per step
@@ -292,12 +295,7 @@ def test_nested_option_is_charged_what_it_keeps():
     from remat._plan_options import fixed_choice
     from remat._tag import rewrite
 
-    def loss(w, xs):
-        h, _ = jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x), None), jnp.zeros((4, 32)), xs)
-        return jnp.sum(h**2)
-
-    w = jax.random.normal(jax.random.key(1), (32, 32)) / 6
-    xs = jax.random.normal(jax.random.key(2), (64, 4, 32))
+    loss, (w, xs) = recurrence()
     prep = _plan._prepare(loss, (w, xs), 0, True)
     nested = [o for o, c in enumerate(prep.cands) if isinstance(c.schedule, remat.Nested)]
     assert len(nested) == 1 and len(prep.option_extra) == len(prep.fits)
@@ -318,16 +316,6 @@ def test_nested_option_is_charged_what_it_keeps():
     p = _plan._plan_prepared(prep, budget)
     assert p.measured_peak_bytes <= budget
     assert abs(p.predicted_peak_bytes - p.measured_peak_bytes) <= 0.1 * p.measured_peak_bytes
-
-
-def recurrence():
-    def loss(w, xs):
-        h, _ = jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x), None), jnp.zeros((4, 32)), xs)
-        return jnp.sum(h**2)
-
-    w = jax.random.normal(jax.random.key(1), (32, 32)) / 6
-    xs = jax.random.normal(jax.random.key(2), (64, 4, 32))
-    return loss, (w, xs)
 
 
 def test_binomial_option_is_charged_what_it_keeps():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,8 +70,6 @@ def replace_section(path: str | os.PathLike, markers: tuple[str, str], text: str
       >>> f.read_text()
       '# Benchmarks\\n\\n<!-- a:start -->\\ntwo\\n<!-- a:end -->\\n'
     """
-    import re
-
     path = Path(path)
     old = path.read_text() if path.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(markers[0]) + ".*?" + re.escape(markers[1]), re.S)
