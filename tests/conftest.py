@@ -60,3 +60,36 @@ def assert_tree_allclose(a, b, *, scale: float = 1.0) -> None:
         b,
     )
     raise AssertionError(f"trees differ; max abs difference per leaf: {diffs}")
+
+
+def nnx_stack(layers: int, width: int):
+    """A stack of ``layers`` `nnx.Linear` + sin blocks run by `nnx.scan`.
+
+    Returns ``(loss, state)``: ``loss(state, x)`` merges the stacked blocks and scans ``x``
+    (``(batch, width)``) through them, summing the squares of the output.
+    """
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(width, width, rngs=rngs)
+
+        def __call__(self, h):
+            return jnp.sin(self.linear(h))
+
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def make(key):
+        return Block(nnx.Rngs(key))
+
+    graphdef, state = nnx.split(make(jax.random.split(jax.random.key(0), layers)))
+
+    def loss(state, x):
+        blocks = nnx.merge(graphdef, state)
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def run(h, block):
+            return block(h)
+
+        return jnp.sum(run(x, blocks) ** 2)
+
+    return loss, state

@@ -77,20 +77,18 @@ class PlainMLP(nn.Module):
 LINEN_CASES = [(0, 4, 3), (1, 1, 5), (7, 6, 2)]  # (seed, D, F)
 
 
-@pytest.mark.parametrize("seed, d, f", LINEN_CASES)
-def test_nn_checkpoint_forward_equals_plain_mlp(seed, d, f):
+def check_linen_forward(recipe, twin, seed, d, f):
+    """``recipe(seed, x, f)`` equals the un-lifted ``twin``'s flattened output."""
     x = _normal(seed + 100, (d,))
-    twin = PlainMLP(features=f)
     expected = twin.apply(twin.init(jax.random.PRNGKey(seed), x), x).reshape(-1)
-    out = recipes.nn_checkpoint_forward(seed, x, f)
+    out = recipe(seed, x, f)
     assert out.shape == (f,)
     assert_tree_allclose(out, expected)
 
 
-@pytest.mark.parametrize("seed, d, f", LINEN_CASES)
-def test_nn_checkpoint_gradients_equal_plain_mlp(seed, d, f):
+def check_linen_gradients(twin, lifted, seed, d, f):
+    """The lifted class has the twin's parameters and gradients (w.r.t. params and input)."""
     x = _normal(seed + 100, (d,))
-    twin, lifted = PlainMLP(features=f), _linen.CheckpointMLP(features=f)
     params = twin.init(jax.random.PRNGKey(seed), x)
     # The lift does not change the parameters either.
     assert_tree_allclose(lifted.init(jax.random.PRNGKey(seed), x), params)
@@ -102,6 +100,16 @@ def test_nn_checkpoint_gradients_equal_plain_mlp(seed, d, f):
     assert_tree_allclose(
         jax.grad(loss(lifted), argnums)(params, x), jax.grad(loss(twin), argnums)(params, x)
     )
+
+
+@pytest.mark.parametrize("seed, d, f", LINEN_CASES)
+def test_nn_checkpoint_forward_equals_plain_mlp(seed, d, f):
+    check_linen_forward(recipes.nn_checkpoint_forward, PlainMLP(features=f), seed, d, f)
+
+
+@pytest.mark.parametrize("seed, d, f", LINEN_CASES)
+def test_nn_checkpoint_gradients_equal_plain_mlp(seed, d, f):
+    check_linen_gradients(PlainMLP(features=f), _linen.CheckpointMLP(features=f), seed, d, f)
 
 
 def test_nn_checkpoint_saves_no_activation():
@@ -205,28 +213,13 @@ class PlainDeepMLP(nn.Module):
 
 @pytest.mark.parametrize("seed, d, f", LINEN_CASES)
 def test_nn_remat_policy_equals_plain_mlp(seed, d, f):
-    x = _normal(seed + 100, (d,))
-    twin = PlainDeepMLP(features=f)
-    expected = twin.apply(twin.init(jax.random.PRNGKey(seed), x), x).reshape(-1)
-    out = recipes.nn_remat_policy(seed, x, f)
-    assert out.shape == (f,)
-    assert_tree_allclose(out, expected)
+    check_linen_forward(recipes.nn_remat_policy, PlainDeepMLP(features=f), seed, d, f)
 
 
 @pytest.mark.parametrize("seed, d, f", LINEN_CASES)
 def test_nn_remat_policy_gradients_equal_plain_mlp(seed, d, f):
-    x = _normal(seed + 100, (d,))
     twin, lifted = PlainDeepMLP(features=f), _linen.PolicyRematMLP(features=f)
-    params = twin.init(jax.random.PRNGKey(seed), x)
-    assert_tree_allclose(lifted.init(jax.random.PRNGKey(seed), x), params)
-
-    def loss(module):
-        return lambda p, x: jnp.sum(jnp.sin(module.apply(p, x)))
-
-    argnums = (0, 1)
-    assert_tree_allclose(
-        jax.grad(loss(lifted), argnums)(params, x), jax.grad(loss(twin), argnums)(params, x)
-    )
+    check_linen_gradients(twin, lifted, seed, d, f)
 
 
 def test_nn_remat_policy_saves_the_dots_and_recomputes_the_relus():

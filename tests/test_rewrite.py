@@ -17,7 +17,7 @@ from jax import lax
 from jax.extend import core as jcore
 
 import remat
-from conftest import assert_tree_allclose
+from conftest import assert_tree_allclose, nnx_stack
 from remat._rewrite import rewrite_scans
 from remat._strategy import offload_available
 
@@ -488,30 +488,7 @@ def test_flax_linen_scan():
 
 
 def test_flax_nnx_scan():
-    from flax import nnx
-
-    class Block(nnx.Module):
-        def __init__(self, rngs):
-            self.linear = nnx.Linear(D, D, rngs=rngs)
-
-        def __call__(self, h):
-            return jnp.sin(self.linear(h))
-
-    @nnx.vmap(in_axes=0, out_axes=0)
-    def make(key):
-        return Block(nnx.Rngs(key))
-
-    graphdef, state = nnx.split(make(jax.random.split(jax.random.key(0), L)))
-
-    def loss(state, x):
-        blocks = nnx.merge(graphdef, state)
-
-        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
-        def run(h, block):
-            return block(h)
-
-        return jnp.sum(run(x, blocks) ** 2)
-
+    loss, state = nnx_stack(L, D)
     x = mlp_args()[1]
     f2 = remat.apply(loss, "full")
     check_twin(loss, f2, state, x)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import remat
-from conftest import assert_tree_allclose
+from conftest import assert_tree_allclose, nnx_stack
 from remat._scan import nested_lengths
 
 SCHEDULES = ["per_step", remat.Nested(2), remat.Binomial(1), remat.Binomial(4)]
@@ -270,32 +270,8 @@ def test_apply_switches_an_nnx_layer_stack_to_binomial():
     """`remat.apply(fn, Strategy(schedule=Binomial(8)))` on an `nnx.scan` stack: same
     gradients as the plain stack, less compiled temp memory than plain and per-step
     checkpointing. (`Nested` through `apply` is tested in tests/test_rewrite.py.)"""
-    from flax import nnx
-
     layers, batch, width = 32, 8, 16
-
-    class Block(nnx.Module):
-        def __init__(self, rngs):
-            self.linear = nnx.Linear(width, width, rngs=rngs)
-
-        def __call__(self, h):
-            return jnp.sin(self.linear(h))
-
-    @nnx.vmap(in_axes=0, out_axes=0)
-    def make(key):
-        return Block(nnx.Rngs(key))
-
-    graphdef, state = nnx.split(make(jax.random.split(jax.random.key(0), layers)))
-
-    def loss(state, x):
-        blocks = nnx.merge(graphdef, state)
-
-        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
-        def run(h, block):
-            return block(h)
-
-        return jnp.sum(run(x, blocks) ** 2)
-
+    loss, state = nnx_stack(layers, width)
     x = jax.random.normal(jax.random.key(1), (batch, width))
     variants = {
         "plain": loss,
