@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from remat import Report
-from remat._cli import main as remat_main
-from remat._cli_demo import pick_sentence
-from remat._io import replace_section
+from remat._cli._cli import main as remat_main
+from remat._cli._cli_demo import pick_sentence
+from remat._core._io import replace_section
 
 BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKERS = ("<!-- demo:start -->", "<!-- demo:end -->")

@@ -26,20 +26,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from remat import Binomial, Nested, Strategy, apply
-from remat._cli_demo import DEFAULTS
-from remat._gpt import make_gpt
-from remat._io import replace_section
-from remat._milp import solve
-from remat._plan import (
-    InfeasibleBudget,
-    _plan_prepared,
-    _prepare,
-    compile_measure,
-    peak_of,
-)
-from remat._plan_options import decode
-from remat._report import MIB, Report, current_machine
-from remat._tag import rewrite
+from remat._cli._cli_demo import DEFAULTS
+from remat._core._budget import MIB, read_budget
+from remat._core._io import replace_section
+from remat._models._gpt import make_gpt
+from remat._plan._calibrate import prepare
+from remat._plan._compile import compile_measure, peak_of
+from remat._plan._milp import solve
+from remat._plan._options import decode
+from remat._plan._result import InfeasibleBudget
+from remat._plan._rounds import plan_prepared
+from remat._report._report import Report, current_machine
+from remat._trace._tag import rewrite
 
 BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKERS = ("<!-- plan:start -->", "<!-- plan:end -->")
@@ -146,14 +144,14 @@ def run_arch(key: str, out_dir: Path) -> dict:
         print(f"  {label:28s} peak {peak_of(named[label]) / MIB:8.2f} MiB  "
               f"{named[label].flops / 1e9:.3f} GFLOP", flush=True)  # fmt: skip
     base = named["none"]
-    prep = _prepare(fn, args, 0, True)
+    prep = prepare(fn, args, 0, True)
     rows = []
     for fraction in FRACTIONS:
         start = time.perf_counter()
         budget = int(fraction * peak_of(prep.baseline))
         cheapest = cheapest_fitting(named, budget)
         try:
-            p = _plan_prepared(prep, fraction)
+            p = plan_prepared(prep, read_budget(fraction))
         except InfeasibleBudget as err:
             rows.append(dict(fraction=fraction, budget=budget, plan=None, error=err,
                              cheapest=cheapest))  # fmt: skip
@@ -169,7 +167,7 @@ def run_arch(key: str, out_dir: Path) -> dict:
     # The smallest budgets the planner meets: with per-step save sets only (every step
     # recomputed at the least: one extra forward pass), and with any schedule (sublinear
     # schedules go below that, at more forward passes).
-    per_step_prep = _prepare(fn, args, 0, False)
+    per_step_prep = prepare(fn, args, 0, False)
     for kind, p in (("per_step", per_step_prep), ("any", prep)):
         smallest = smallest_feasible(p, args, reference, named, kind)
         if smallest is not None and all(r["budget"] > smallest["budget"] for r in rows):
@@ -207,7 +205,7 @@ def smallest_feasible(prep, args, reference, named, kind: str, tries=3) -> dict 
     ``kind`` labels the row: ``"per_step"`` (``prep`` has per-step schedules only) or
     ``"any"``."""
     try:
-        _plan_prepared(prep, 1)
+        plan_prepared(prep, read_budget(1))
         return None  # pragma: no cover - a 1-byte budget cannot fit
     except InfeasibleBudget as err:
         budget = err.smallest_peak_bytes
@@ -215,7 +213,7 @@ def smallest_feasible(prep, args, reference, named, kind: str, tries=3) -> dict 
     for _ in range(tries):
         start = time.perf_counter()
         try:
-            p = _plan_prepared(prep, budget)
+            p = plan_prepared(prep, read_budget(budget))
         except InfeasibleBudget as err:
             budget = max(err.smallest_peak_bytes, int(budget * 1.01))
             continue

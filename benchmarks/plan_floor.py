@@ -1,6 +1,6 @@
 """Why no plan reaches +9% FLOPs at 25% of the demo GPT's peak: a measured floor.
 
-Issue 5 asks for at most +9% FLOPs over no checkpointing at 25% of the un-checkpointed peak.
+The planner's target is at most +9% FLOPs over no checkpointing at 25% of the un-checkpointed peak.
 `benchmarks/plan_bench.py` measures +11.7% for the planner's plan on the demo GPT. This script
 shows, with the compiled program, that no checkpointing of the layer scan does better:
 
@@ -35,15 +35,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat._cli_demo import DEFAULTS
-from remat._gpt import make_gpt
-from remat._io import replace_section
-from remat._milp import solve
-from remat._plan import _prepare, compile_measure, peak_of
-from remat._plan_options import decode
-from remat._report import MIB, current_machine
-from remat._rewrite import lax_loop, rewrite_scans
-from remat._tag import eval_tagged, flatten, rewrite
+from remat._cli._cli_demo import DEFAULTS
+from remat._core._budget import MIB
+from remat._core._io import replace_section
+from remat._models._gpt import make_gpt
+from remat._plan._calibrate import prepare
+from remat._plan._compile import compile_measure, peak_of
+from remat._plan._milp import solve
+from remat._plan._options import decode
+from remat._report._report import current_machine
+from remat._trace._rewrite import lax_loop, rewrite_scans
+from remat._trace._tag import eval_tagged, flatten, rewrite
 
 BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKERS = ("<!-- floor:start -->", "<!-- floor:end -->")
@@ -110,7 +112,7 @@ def segmented(fn, position: int, segments):
 
 def run() -> dict:
     fn, args = make_gpt(**DEFAULTS)
-    prep = _prepare(fn, args, 0, False)
+    prep = prepare(fn, args, 0, False)
     base = prep.baseline
     model = prep.models[0]
     fixed = base.argument_bytes + base.output_bytes - base.alias_bytes

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 import remat
-from remat._io import replace_section
+from remat._core._io import replace_section
 
 CARRIES = {"small": (1, 64), "large": (32, 64)}  # carry shape (rows, width)
 STEPS = (64, 256, 1024, 4096)

@@ -32,10 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import remat
-from remat._gpt_sharded import make_mesh, make_sharded_gpt
-from remat._io import replace_section
-from remat._plan import InfeasibleBudget, plan_budgets
-from remat._report import MIB, current_machine
+from remat._core._budget import MIB
+from remat._core._io import replace_section
+from remat._models._gpt_sharded import make_mesh, make_sharded_gpt
+from remat._plan._plan import plan_budgets
+from remat._plan._result import InfeasibleBudget
+from remat._report._report import current_machine
 
 BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARKERS = ("<!-- sharded:start -->", "<!-- sharded:end -->")

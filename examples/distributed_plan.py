@@ -22,7 +22,7 @@ if __name__ == "__main__":  # before JAX starts: 8 CPU devices on this host
 import jax
 
 import remat
-from remat._gpt_sharded import make_mesh, make_sharded_gpt
+from remat._models import make_mesh, make_sharded_gpt
 
 
 def plan_and_load(out_dir: str = "remat-distributed"):

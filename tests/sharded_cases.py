@@ -31,8 +31,8 @@ from jax.sharding import PartitionSpec as P
 
 import remat
 from conftest import tree_allclose
-from remat._gpt_sharded import make_mesh, make_sharded_gpt
-from remat._sharding import program_shardings
+from remat._models._gpt_sharded import make_mesh, make_sharded_gpt
+from remat._shard._sharding import program_shardings
 
 CASES = {}
 SLOW = ("gpt_sharded_grads_equal_unsharded",)  # run by the slow test only
@@ -93,7 +93,7 @@ def read_shardings():
         "num_devices": program.num_devices,
         "per_device_x": remat.per_device_bytes(placed),
         "per_device_w": remat.per_device_bytes(w, cols),
-        "mesh": dict(remat._sharding.mesh_of((placed,)).shape),
+        "mesh": dict(remat._shard._sharding.mesh_of((placed,)).shape),
     }
 
 
@@ -108,7 +108,7 @@ def apply_keeps_jit_shardings():
         compiled = jax.jit(jax.value_and_grad(fn)).lower(ws, x).compile()
         shardings = jax.tree_util.tree_leaves(compiled.input_shardings)
         out[label] = {
-            "num_devices": remat._sharding.num_devices(compiled),
+            "num_devices": remat._shard._sharding.num_devices(compiled),
             "temp": compiled.memory_analysis().temp_size_in_bytes,
             "shardings": shardings,
         }
@@ -280,9 +280,9 @@ def plan_jit_in_shardings():
 
 def eight_model_bytes(placed, fn=mlp_loss):
     """Per-device bytes the planner's cost model gives the scan body's values."""
-    from remat._costmodel import model_scans
-    from remat._shard_counts import scan_input_splits
-    from remat._tag import planned_scans
+    from remat._plan._costmodel import model_scans
+    from remat._shard._shard_counts import scan_input_splits
+    from remat._trace._tag import planned_scans
 
     splits, devices = scan_input_splits(fn, *placed)
     (model,) = model_scans(planned_scans(fn, *placed), splits, devices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remat._budget import format_bytes, parse_budget
+from remat._core._budget import format_bytes, parse_budget
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_device_memory_is_read_from_the_backend_and_bounds_the_budget(monkeypatc
     import jax.numpy as jnp
 
     import remat
-    from remat import _budget, _plan
+    from remat._core import _budget, _plan
 
     class Device:  # a backend that reports its memory, as GPUs and TPUs do
         def memory_stats(self):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from remat._cli import EXIT_USAGE, CliError, main
-from remat._cli_compare import parse_argnums, parse_strategy, split_strategies
-from remat._cli_demo import pick_sentence
-from remat._target import load_target
+from remat._cli._cli import EXIT_USAGE, CliError, main
+from remat._cli._cli_compare import parse_argnums, parse_strategy, split_strategies
+from remat._cli._cli_demo import pick_sentence
+from remat._cli._target import load_target
 
 GOOD = """
 import jax, jax.numpy as jnp
@@ -113,8 +113,8 @@ def test_strategy_spellings():
 
 
 def _report(peaks_flops):
-    from remat._measurement import Measurement
-    from remat._report import Machine, Report
+    from remat._measure._measurement import Measurement
+    from remat._report._report import Machine, Report
 
     def m(peak, flops):
         return Measurement(peak, "x", peak, 0, 0, 0, (), 0, flops, flops, False, False, 0.0, None)
@@ -174,7 +174,7 @@ def test_compare_and_measure_commands_agree(target_file, tmp_path, capsys):
 
 def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypatch):
     from remat import Report
-    from remat._report import Machine
+    from remat._report._report import Machine
     from test_report import ROWS
 
     seen = {}
@@ -191,8 +191,8 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
 
         raise InfeasibleBudget(budget, 100, 200, 400)
 
-    monkeypatch.setattr("remat._compare.compare", fake_compare)
-    monkeypatch.setattr("remat._plan.plan", fake_plan)
+    monkeypatch.setattr("remat._report._compare.compare", fake_compare)
+    monkeypatch.setattr("remat._plan._plan.plan", fake_plan)
     out = tmp_path / "demo"
     assert main(["demo", *TINY_DEMO, "--repeats", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remat import _cli
+from remat._cli import _cli
 
 TARGET = textwrap.dedent(
     """

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import remat
-from remat._compare import strategy_label
-from remat._gpt import make_gpt
+from remat._models._gpt import make_gpt
+from remat._report._compare import strategy_label
 
 # Activation-dominated: the attention scores (batch * heads * seq**2 per layer) outweigh the
 # parameters, so recomputing them must lower the peak.
@@ -65,7 +65,7 @@ def test_labels_and_baseline_choice(monkeypatch):
         calls.append(strategy)
         return _fake(len(calls))
 
-    monkeypatch.setattr("remat._measure.measure", fake_measure)
+    monkeypatch.setattr("remat._measure._measure.measure", fake_measure)
     fn = lambda x: x  # noqa: E731  (never called: measure is replaced)
     report = remat.compare(fn, 1.0, strategies={"a": "full", "b": "dots"}, baseline="b")
     assert report.labels == ("b", "a") and report.baseline == "b"
@@ -78,7 +78,7 @@ def test_labels_and_baseline_choice(monkeypatch):
 
 
 def test_bad_strategies_fail_before_anything_compiles(monkeypatch):
-    monkeypatch.setattr("remat._measure.measure", pytest.fail)
+    monkeypatch.setattr("remat._measure._measure.measure", pytest.fail)
     fn = lambda x: x  # noqa: E731
     with pytest.raises(ValueError, match="labelled 'full'"):
         remat.compare(fn, 1.0, strategies=["full", remat.Strategy("full")])

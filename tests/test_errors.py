@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat
-from remat._strategy import offload_available
+from remat._core._strategy import offload_available
 
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 WS = jnp.ones((2, 3, 3)) * 0.1
@@ -230,7 +230,7 @@ def test_bad_input_names_function_input_and_fix(case):
 def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from remat._io import atomic_write_text
+    from remat._core._io import atomic_write_text
 
     target = tmp_path / "out" / "report.json"
     real_write = Path.write_text
@@ -255,7 +255,7 @@ def test_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 def test_atomic_write_gives_the_mode_of_an_ordinary_write(tmp_path):
-    from remat._io import atomic_write_text
+    from remat._core._io import atomic_write_text
 
     plain = tmp_path / "plain.txt"
     plain.write_text("x")  # what open(path, "w") gives under this process's umask

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remat._gpt import GPT_NAMES, make_gpt
+from remat._models._gpt import GPT_NAMES, make_gpt
 
 TINY = dict(layers=2, d_model=16, seq=8, batch=2, heads=2, vocab=32)
 
@@ -67,7 +67,7 @@ def test_the_layer_stack_is_exactly_one_scan_with_all_names(tiny):
 
 def test_attention_is_causal(tiny):
     _, (params, tokens) = tiny
-    from remat._gpt import GPT
+    from remat._models._gpt import GPT
 
     model = GPT(**{k: TINY[k] for k in ("layers", "d_model", "heads", "vocab", "seq")})
     x = tokens[:, :-1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from remat._gpt_sharded import (
+from remat._models._gpt_sharded import (
     demo_argv,
     fsdp_spec,
     make_mesh,

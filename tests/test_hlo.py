@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import remat
-from remat._hlo import hlo_flops, while_trip_counts
+from remat._measure._hlo import hlo_flops, while_trip_counts
 
 L, B, D = 6, 4, 8
 LAYER = 2 * B * D * D  # one (B, D) @ (D, D) matmul: B*D outputs, D multiply-adds each
@@ -201,5 +201,5 @@ def test_handwritten_module_call_sites_loops_branches_gemm():
 
 
 def test_text_without_entry_is_an_error():
-    with pytest.raises(ValueError, match=r"`remat._hlo.hlo_flops`.*ENTRY"):
+    with pytest.raises(ValueError, match=r"`remat._measure._hlo.hlo_flops`.*ENTRY"):
         hlo_flops("not hlo")

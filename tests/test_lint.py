@@ -13,7 +13,7 @@ from jax._src.ad_checkpoint import saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
 import remat
-from remat import _policy_info
+from remat._lint import _policy_info
 
 cp = jax.checkpoint_policies
 X = jnp.linspace(-1.0, 1.0, 16).reshape(4, 4)
@@ -283,7 +283,7 @@ def test_clean_program_has_no_findings_and_findings_print_one_line():
     assert remat.lint(lambda x: jnp.sum(layer(x)), X, measure=False) == []
     (finding,) = remat.lint(checkpointed(cp.save_only_these_names("hiden")), X, measure=False)
     assert "\n" not in str(finding) and str(finding).startswith(finding.source)
-    assert finding.title == remat._findings.CODES["RM001"][0]
+    assert finding.title == remat._lint._findings.CODES["RM001"][0]
 
 
 def test_lint_accepts_shape_dtype_structs_and_pytrees():
@@ -348,12 +348,12 @@ def _scanned_loss(ws, x):
 
 
 def test_checkpoints_inside_loops_are_not_compiled(monkeypatch):
-    import remat._measure
+    import remat._measure._measure
 
     def no_compile(*args, **kwargs):
         raise AssertionError("lint compiled a program whose checkpoints are all in loops")
 
-    monkeypatch.setattr(remat._measure, "measure", no_compile)
+    monkeypatch.setattr(remat._measure._measure, "measure", no_compile)
     ws = jnp.stack([X, X / 2])
     assert remat.lint(_scanned_loss, ws, X, strategy="full") == []
 

@@ -7,9 +7,11 @@ import textwrap
 
 import pytest
 
-from remat import _cli
+from remat._cli import _cli
 
-pytest.importorskip("remat._target", reason="target loading (`remat._target`) not merged yet")
+pytest.importorskip(
+    "remat._cli._target", reason="target loading (`remat._cli._target`) not merged yet"
+)
 
 TARGET = textwrap.dedent(
     """

@@ -13,9 +13,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 import remat
 from conftest import assert_tree_allclose
-from remat._checkpoints import recompute_requested, strip_checkpoints
-from remat._measure import measure_compiled
-from remat._residuals import saved_residuals
+from remat._measure._measure import measure_compiled
+from remat._measure._residuals import saved_residuals
+from remat._trace._checkpoints import recompute_requested, strip_checkpoints
 
 L, B, D = 5, 4, 8
 F32, LAYER = 4, 2 * B * D * D

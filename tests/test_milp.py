@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remat._milp import Node, Option, materialised, solve
+from remat._plan._milp import Node, Option, materialised, solve
 
 
 def chain(n, *, bytes_=4, flops=10.0, steps=10):

@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 
-from remat._offload import (
+from remat._core._offload import (
     HOST_BANDWIDTH,
     offload_available,
     offload_unavailable_reason,
     transfer_seconds,
 )
-from remat._strategy import resolve_policy
+from remat._core._strategy import resolve_policy
 
 
 @dataclasses.dataclass
@@ -120,7 +120,7 @@ def test_offload_strategy_string_on_cpu_says_why_and_what_instead():
 
 
 def chain(offload_b=None, offload_a=None):
-    from remat._milp import Node
+    from remat._plan._milp import Node
 
     a = Node(bytes=4, flops=20, multiplicity=10, needed=True, offload_flops=offload_a)
     b = Node(bytes=4, flops=10, inputs=(0,), multiplicity=10, needed=True, offload_flops=offload_b)
@@ -128,7 +128,7 @@ def chain(offload_b=None, offload_a=None):
 
 
 def test_milp_offloads_when_the_transfer_is_cheaper_than_recomputing():
-    from remat._milp import solve
+    from remat._plan._milp import solve
 
     plain = solve(chain(), budget_bytes=50)
     assert sorted(plain.recomputed) == [1] and plain.recompute_flops == 100.0
@@ -142,7 +142,7 @@ def test_milp_offloads_when_the_transfer_is_cheaper_than_recomputing():
 
 
 def test_milp_offloaded_values_feed_recomputation_and_free_the_budget():
-    from remat._milp import solve
+    from remat._plan._milp import solve
 
     # No device memory at all for residuals: a goes to the host, b is recomputed from it.
     s = solve(chain(offload_a=5.0, offload_b=1e6), budget_bytes=4)
@@ -183,9 +183,9 @@ def test_plan_rejects_a_bandwidth_that_is_not_positive():
 
 
 def test_offload_costs_are_transfer_seconds_at_the_matmul_rate():
-    from remat._costmodel import model_scans
-    from remat._plan_options import assemble, candidates, offload_costs
-    from remat._tag import planned_scans
+    from remat._plan._costmodel import model_scans
+    from remat._plan._options import assemble, candidates, offload_costs
+    from remat._trace._tag import planned_scans
 
     models = model_scans(planned_scans(scanned_loss, *ARGS))
     cands = candidates(models, False)
@@ -202,7 +202,7 @@ def test_offload_costs_are_transfer_seconds_at_the_matmul_rate():
 def test_an_offloading_plan_moves_values_to_host_memory_and_survives_json(tmp_path):
     """The rewrite of an offloading choice (what a GPU plan would run), loaded back from JSON."""
     import remat
-    from remat._plan_json import load_plan
+    from remat._plan._json import load_plan
 
     planned = remat.plan(scanned_loss, *ARGS, budget=1.0, schedules=False)
     (scan,) = planned.scans

@@ -10,7 +10,8 @@ import pytest
 
 import remat
 from conftest import assert_tree_allclose
-from remat._plan import plan_budgets
+from remat._core._budget import read_budget
+from remat._plan._plan import plan_budgets
 
 
 def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh):
@@ -177,7 +178,7 @@ def make():
 
 
 def test_cli_plan(tmp_path, capsys):
-    from remat._cli import main
+    from remat._cli._cli import main
 
     target = tmp_path / "target.py"
     target.write_text(TARGET.format(tests=str(__import__("pathlib").Path(__file__).parent)))
@@ -215,9 +216,9 @@ def test_two_scans_share_one_budget():
 
 def test_model_is_deterministic(stack):
     """Same program, same cost model and the same MILP answer (no compiles needed)."""
-    from remat._costmodel import model_scans
-    from remat._milp import solve
-    from remat._tag import planned_scans
+    from remat._plan._costmodel import model_scans
+    from remat._plan._milp import solve
+    from remat._trace._tag import planned_scans
 
     loss, args = stack
     first, second = (model_scans(planned_scans(loss, *args)) for _ in range(2))
@@ -231,23 +232,23 @@ def test_model_is_deterministic(stack):
 
 def test_falls_back_to_a_measured_calibration_point(stack, monkeypatch):
     """If the solver finds nothing, a calibration point measured to fit is the plan."""
-    from remat import _plan
+    from remat._plan import _calibrate, _rounds
 
     loss, args = stack
-    prep = _plan._prepare(loss, args, 0, True)
+    prep = _calibrate.prepare(loss, args, 0, True)
     _, (_, peak_none) = prep.calibration
-    monkeypatch.setattr(_plan, "solve", lambda *a, **k: None)
-    p = _plan._plan_prepared(prep, peak_none + 1)
+    monkeypatch.setattr(_rounds, "solve", lambda *a, **k: None)
+    p = _rounds.plan_prepared(prep, read_budget(peak_none + 1))
     assert p.scans[0].names == () and p.measured_peak_bytes == peak_none
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
     with pytest.raises(remat.InfeasibleBudget):
-        _plan._plan_prepared(prep, peak_none - 1)
+        _rounds.plan_prepared(prep, read_budget(peak_none - 1))
 
 
 def test_cost_model_counts_matmul_flops_and_fusible_values(stack):
     # Body: h + tanh(h @ w1) @ w2 with h (128, 16), w1 (16, 64), w2 (64, 16).
-    from remat._costmodel import model_scans
-    from remat._tag import planned_scans
+    from remat._plan._costmodel import model_scans
+    from remat._trace._tag import planned_scans
 
     loss, args = stack
     (model,) = model_scans(planned_scans(loss, *args))
@@ -272,8 +273,8 @@ def test_calibrate3_clamps_a_negative_slice_weight():
     # slice weight is clamped to 0; base and transient weight are then fitted by least
     # squares to peak - stored = (0, 24.5, 6.5) at transient (0, 20, 4):
     #   3 b + 24 w = 31,  24 b + 416 w = 516  ->  w = 268 / 224, b = (31 - 24 w) / 3.
-    from remat._plan import calibrate3
-    from remat._plan_options import Choice
+    from remat._plan._calibrate import calibrate3
+    from remat._plan._options import Choice
 
     def c(stored, sliced, transient):
         return Choice({}, (), 0.0, 0.0, stored=stored, sliced=sliced, transient=transient)
@@ -290,13 +291,13 @@ def test_calibrate3_clamps_a_negative_slice_weight():
 def test_nested_option_is_charged_what_it_keeps():
     """A `Nested` scan keeps more than the per-step fits see (the re-run inner block's carries
     and its slice of ``xs``); the compiled Nested point with nothing saved measures it."""
-    from remat import _plan
-    from remat._plan_measure import light_peak
-    from remat._plan_options import fixed_choice
-    from remat._tag import rewrite
+    from remat._plan import _calibrate, _rounds
+    from remat._plan._compile import light_peak
+    from remat._plan._options import fixed_choice
+    from remat._trace._tag import rewrite
 
     loss, (w, xs) = recurrence()
-    prep = _plan._prepare(loss, (w, xs), 0, True)
+    prep = _calibrate.prepare(loss, (w, xs), 0, True)
     nested = [o for o, c in enumerate(prep.cands) if isinstance(c.schedule, remat.Nested)]
     assert len(nested) == 1 and len(prep.option_extra) == len(prep.fits)
     (o,) = nested
@@ -313,7 +314,7 @@ def test_nested_option_is_charged_what_it_keeps():
         assert extra[o] > 0  # the per-step fits miss what the inner block keeps
     # With the charge, a plan that uses the Nested schedule is predicted within 10%.
     budget = int(peak * 1.05)
-    p = _plan._plan_prepared(prep, budget)
+    p = _rounds.plan_prepared(prep, read_budget(budget))
     assert p.measured_peak_bytes <= budget
     assert abs(p.predicted_peak_bytes - p.measured_peak_bytes) <= 0.1 * p.measured_peak_bytes
 
@@ -321,13 +322,13 @@ def test_nested_option_is_charged_what_it_keeps():
 def test_binomial_option_is_charged_what_it_keeps():
     """Each `Binomial` option is compiled once; model + charge reproduces its peak, and the
     ranking of the options follows the compiled peaks (fewer snapshots, less memory)."""
-    from remat import _plan
-    from remat._plan_measure import light_peak
-    from remat._plan_options import fixed_choice
-    from remat._tag import rewrite
+    from remat._plan import _calibrate, _rounds
+    from remat._plan._compile import light_peak
+    from remat._plan._options import fixed_choice
+    from remat._trace._tag import rewrite
 
     loss, args = recurrence()
-    prep = _plan._prepare(loss, args, 0, True)
+    prep = _calibrate.prepare(loss, args, 0, True)
     binomial = [o for o, c in enumerate(prep.cands) if isinstance(c.schedule, remat.Binomial)]
     assert [prep.cands[o].schedule.snapshots for o in binomial] == [1, 2, 4, 8]
     peaks = {}
@@ -338,7 +339,7 @@ def test_binomial_option_is_charged_what_it_keeps():
         for (base, stored, slice_weight, weight), extra in zip(
             prep.fits, prep.option_extra, strict=True
         ):
-            charged = _plan.charge(option, extra[o], stored, weight)
+            charged = _rounds.charge(option, extra[o], stored, weight)
             model = base + stored * (point.stored + charged.bytes) + slice_weight * point.sliced
             model += weight * max(point.transient, charged.transient)
             assert model == pytest.approx(peaks[o])
@@ -348,8 +349,8 @@ def test_binomial_option_is_charged_what_it_keeps():
 def test_binomial_steps_save_everything():
     """A planned `Binomial` scan runs its steps under `everything_saveable`: the same compiled
     memory and gradients as `remat.apply` with the named strategy ``everything``."""
-    from remat._plan_measure import light_peak
-    from remat._tag import ScanChoice, planned_scans, rewrite
+    from remat._plan._compile import light_peak
+    from remat._trace._tag import ScanChoice, planned_scans, rewrite
 
     loss, args = recurrence()
     (info,) = planned_scans(loss, *args)
@@ -365,14 +366,16 @@ def test_binomial_steps_save_everything():
 def test_smallest_budget_goes_below_every_named_strategy():
     """Asked for 1 byte the planner reports the smallest peak it reached; that budget is then
     met, at or below the smallest peak of any named strategy with any schedule."""
-    from remat._plan import _plan_prepared, _prepare, compile_measure, peak_of
+    from remat._plan._calibrate import prepare
+    from remat._plan._compile import compile_measure, peak_of
+    from remat._plan._rounds import plan_prepared
 
     loss, args = recurrence()
-    prep = _prepare(loss, args, 0, True)
+    prep = prepare(loss, args, 0, True)
     with pytest.raises(remat.InfeasibleBudget) as err:
-        _plan_prepared(prep, 1)
+        plan_prepared(prep, read_budget(1))
     smallest = err.value.smallest_peak_bytes
-    p = _plan_prepared(prep, smallest)
+    p = plan_prepared(prep, read_budget(smallest))
     assert p.measured_peak_bytes <= smallest
     named = min(
         peak_of(

@@ -10,8 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import remat
-from remat._measurement import Measurement, Residual, Timing
-from remat._report import MIB, Machine, Report, pareto_front
+from remat._core._budget import MIB
+from remat._measure._measurement import Measurement, Residual, Timing
+from remat._report._pareto import pareto_front
+from remat._report._report import Machine, Report
 
 MACHINE = Machine("cpu", "cpu", 1, "0.10.2", "Linux x86_64, test CPU, 2 cores")
 
@@ -172,7 +174,7 @@ def test_labels_do_not_overlap_each_other_or_leave_the_axes():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from remat._plot import _overlap, _place_labels
+    from remat._report._plot import _overlap, _place_labels
 
     fig = Figure(figsize=(7.0, 4.8), dpi=100)
     FigureCanvasAgg(fig)

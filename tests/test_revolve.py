@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import remat
-from remat._revolve import revolve_schedule
+from remat._scan._revolve import revolve_schedule
 
 
 @functools.cache
 def _recurrence_table(n_max: int, s_max: int) -> list[list[int]]:
-    """A(n, s) by the recurrence of issue 4, by dynamic programming (independent of _revolve)."""
+    """A(n, s) by the recurrence in _revolve's docstring, by dynamic programming (not its code)."""
     a = [[0] * (s_max + 1) for _ in range(n_max + 1)]
     for n in range(2, n_max + 1):
         a[n][0] = n * (n - 1) // 2
@@ -125,7 +125,7 @@ def test_compiled_table_replays_the_schedule():
     """`remat.scan`'s Binomial backward table (`_macros`), replayed on symbolic carries: the
     forward pass stores the first sweep's snapshots and the last step's input; each table row
     restores, advances, stores and reverses consistently; in all, A(n, s) advances."""
-    from remat._scan import _macros
+    from remat._scan._scan import _macros
 
     for n in range(1, 121):
         for s in range(1, 9):

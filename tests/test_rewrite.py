@@ -1,4 +1,4 @@
-"""Tests for `remat.apply`, `remat.list_scans` and `rewrite_scans` (issue 3).
+"""Tests for `remat.apply`, `remat.list_scans` and `rewrite_scans`.
 
 Every rewritten function is compared with its plain twin (values and gradients); what the
 rewrite changes is read from the programs: checkpoint equations in the jaxpr, residuals kept
@@ -18,8 +18,8 @@ from jax.extend import core as jcore
 
 import remat
 from conftest import assert_tree_allclose, nnx_stack
-from remat._rewrite import rewrite_scans
-from remat._strategy import offload_available
+from remat._core._strategy import offload_available
+from remat._trace._rewrite import rewrite_scans
 
 L, B, D = 4, 8, 16  # layers, batch, width of the scanned MLP
 

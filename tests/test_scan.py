@@ -11,7 +11,7 @@ import pytest
 
 import remat
 from conftest import assert_tree_allclose, nnx_stack
-from remat._scan import nested_lengths
+from remat._scan._scan import nested_lengths
 
 SCHEDULES = ["per_step", remat.Nested(2), remat.Binomial(1), remat.Binomial(4)]
 W0 = jnp.array([[0.9, 0.1], [-0.2, 0.8]])

@@ -12,8 +12,8 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import remat
-from remat._shard_counts import shard_counts, splits_of
-from remat._sharding import is_sharded, shard_count
+from remat._shard._shard_counts import shard_counts, splits_of
+from remat._shard._sharding import is_sharded, shard_count
 
 MESH = AbstractMesh((4, 2), ("data", "fsdp"))
 

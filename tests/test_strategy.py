@@ -2,7 +2,7 @@ import jax
 import pytest
 
 import remat
-from remat._strategy import as_strategy, offload_available, resolve_policy
+from remat._core._strategy import as_strategy, offload_available, resolve_policy
 
 
 @pytest.mark.parametrize(

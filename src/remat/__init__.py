@@ -9,45 +9,74 @@ Example:
 __version__ = "0.1.0"
 
 # --- strategies and schedules ---
-from ._schedule import Binomial as Binomial
-from ._schedule import Nested as Nested
-from ._strategy import STRATEGY_NAMES as STRATEGY_NAMES
-from ._strategy import Strategy as Strategy
+from ._core._schedule import Binomial as Binomial
+from ._core._schedule import Nested as Nested
+from ._core._strategy import STRATEGY_NAMES as STRATEGY_NAMES
+from ._core._strategy import Strategy as Strategy
+from ._core._warnings import RematWarning as RematWarning
 
-from ._warnings import RematWarning as RematWarning
+# --- scan schedules, revolve ---
+from ._scan._revolve import Action as Action
+from ._scan._revolve import revolve_cost as revolve_cost
+from ._scan._revolve import revolve_schedule as revolve_schedule
+from ._scan._scan import scan as scan
 
-# --- measurement data ---
-from ._measurement import Measurement as Measurement
-from ._measurement import Residual as Residual
-from ._measurement import Timing as Timing
+# --- apply ---
+from ._trace._rewrite import ScanInfo as ScanInfo
+from ._trace._rewrite import apply as apply
+from ._trace._rewrite import list_scans as list_scans
+from ._trace._rewrite import rewrite_scans as rewrite_scans
 
-# --- apply (issue 3) ---
-from ._rewrite import ScanInfo as ScanInfo
-from ._rewrite import apply as apply
-from ._rewrite import list_scans as list_scans
-from ._rewrite import rewrite_scans as rewrite_scans
+# --- sharding ---
+from ._shard._sharding import per_device_bytes as per_device_bytes
 
-# --- measure, compare, report (issue 3) ---
-from ._compare import compare as compare
-from ._measure import measure as measure
-from ._report import Machine as Machine
-from ._report import Report as Report
+# --- measure ---
+from ._measure._measurement import Measurement as Measurement
+from ._measure._measurement import Residual as Residual
+from ._measure._measurement import Timing as Timing
+from ._measure._measure import measure as measure
 
-# --- scan, revolve (issue 4) ---
-from ._revolve import Action as Action
-from ._revolve import revolve_cost as revolve_cost
-from ._revolve import revolve_schedule as revolve_schedule
-from ._scan import scan as scan
+# --- plan ---
+from ._plan._json import load_plan as load_plan
+from ._plan._plan import plan as plan
+from ._plan._result import InfeasibleBudget as InfeasibleBudget
+from ._plan._result import Plan as Plan
 
-# --- plan (issue 5) ---
-from ._plan import InfeasibleBudget as InfeasibleBudget
-from ._plan import Plan as Plan
-from ._plan_json import load_plan as load_plan
-from ._plan import plan as plan
+# --- compare, report ---
+from ._report._compare import compare as compare
+from ._report._report import Machine as Machine
+from ._report._report import Report as Report
 
-# --- lint (issue 7) ---
-from ._findings import Finding as Finding
-from ._lint import lint as lint
+# --- lint ---
+from ._lint._findings import Finding as Finding
+from ._lint._lint import lint as lint
 
-# --- sharding, offload (issue 6) ---
-from ._sharding import per_device_bytes as per_device_bytes
+__all__ = [
+    "STRATEGY_NAMES",
+    "Action",
+    "Binomial",
+    "Finding",
+    "InfeasibleBudget",
+    "Machine",
+    "Measurement",
+    "Nested",
+    "Plan",
+    "RematWarning",
+    "Report",
+    "Residual",
+    "ScanInfo",
+    "Strategy",
+    "Timing",
+    "apply",
+    "compare",
+    "lint",
+    "list_scans",
+    "load_plan",
+    "measure",
+    "per_device_bytes",
+    "plan",
+    "revolve_cost",
+    "revolve_schedule",
+    "rewrite_scans",
+    "scan",
+]

@@ -1,0 +1,126 @@
+"""``remat compare TARGET --strategies a,b,c``: measure a program under several strategies."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from ._errors import EXIT_USAGE, CliError
+
+_BARE = ("none", "full", "dots", "dots_no_batch", "everything")
+_SCHEDULE = re.compile(r"^(?P<policy>.+)\+(?P<kind>nested|binomial)\((?P<n>\d+)\)$")
+
+
+def parse_strategy(text: str):
+    """A strategy from its command-line spelling: a strategy string, optionally followed by
+    ``+nested(LEVELS)`` or ``+binomial(SNAPSHOTS)`` (the labels `remat.Strategy.name` gives).
+
+    Example:
+      >>> from remat._cli._cli_compare import parse_strategy
+      >>> parse_strategy("full+binomial(3)")
+      Strategy(policy='full', scans=None, schedule=Binomial(snapshots=3))
+      >>> parse_strategy("dots")
+      'dots'
+    """
+    from .._core._schedule import Binomial, Nested
+    from .._core._strategy import Strategy, check_policy
+
+    match = _SCHEDULE.match(text)
+    try:
+        if match:
+            n = int(match["n"])
+            schedule = Nested(levels=n) if match["kind"] == "nested" else Binomial(n)
+            return Strategy(match["policy"], schedule=schedule)
+        check_policy(text, "remat compare")
+    except ValueError as err:
+        raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
+    return text
+
+
+def split_strategies(text: str) -> list[str]:
+    """Splits ``--strategies``: at ``;`` if there is one, else at commas, where a piece that is
+    not a strategy of its own continues the ``names:``/``offload:`` list before it.
+
+    Example:
+      >>> from remat._cli._cli_compare import split_strategies
+      >>> split_strategies("none,full,names:qkv,attn_out,dots")
+      ['none', 'full', 'names:qkv,attn_out', 'dots']
+    """
+    if ";" in text:
+        return [p.strip() for p in text.split(";") if p.strip()]
+    pieces: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        new = piece in _BARE or ":" in piece or _SCHEDULE.match(piece) or not pieces
+        if not new and pieces[-1].startswith(("names:", "offload:")):
+            pieces[-1] += "," + piece
+        else:
+            pieces.append(piece)
+    return pieces
+
+
+def parse_argnums(text: str) -> int | tuple[int, ...]:
+    """``"0"`` -> 0, ``"0,1"`` -> (0, 1); anything else is a usage error."""
+    try:
+        nums = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise CliError(
+            f"--argnums got {text!r}; expected an int or ints separated by commas, e.g. 0 or 0,1",
+            EXIT_USAGE,
+        ) from None
+    return nums[0] if len(nums) == 1 else nums
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="measure a program under several checkpointing strategies",
+        description=(
+            "Measure FACTORY()'s (fn, args) under each strategy: compiled peak memory, "
+            "residuals, FLOPs with loop trip counts and step time, side by side."
+        ),
+    )
+    parser.add_argument("target", metavar="FILE_OR_MODULE:FACTORY")
+    parser.add_argument(
+        "--strategies",
+        required=True,
+        help="comma-separated strategies, e.g. 'full,dots,names:qkv,attn_out,full+nested(2)' "
+        "(use ';' to separate them if a name could be mistaken for a strategy)",
+    )
+    parser.add_argument("--baseline", default="none", help="strategy compared with (default none)")
+    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per strategy")
+    parser.add_argument("--out", type=Path, help="directory for report.json and pareto.png")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ._target import load_target
+
+    strategies = {label: parse_strategy(label) for label in split_strategies(args.strategies)}
+    if not strategies:
+        raise CliError("--strategies is empty; give at least one, e.g. --strategies full,dots")
+    baseline = parse_strategy(args.baseline)
+    argnums = parse_argnums(args.argnums)
+    fn, fn_args = load_target(args.target)
+    from .._report._compare import compare  # after the cheap checks: a bad target fails fast
+
+    report = compare(
+        fn,
+        *fn_args,
+        strategies=strategies,
+        baseline=args.baseline if args.baseline in strategies else baseline,
+        argnums=argnums,
+        repeats=args.repeats,
+        title=args.target,
+    )
+    print(report)
+    if args.out is not None:
+        try:
+            print(f"wrote {report.to_json(args.out / 'report.json')}")
+            print(f"wrote {report.plot(args.out / 'pareto.png')}")
+        except OSError as err:
+            raise CliError(f"cannot write into {args.out}: {err}", EXIT_USAGE) from err
+    return 0

@@ -1,0 +1,92 @@
+"""``remat measure TARGET``: what one compiled gradient step keeps and costs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+MIB = 2.0**20
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "measure",
+        help="measure the compiled gradient step of a program",
+        description=(
+            "Compile jax.value_and_grad(fn) for FACTORY()'s (fn, args) and report its peak "
+            "memory, residuals, FLOPs (with loop trip counts) and step time."
+        ),
+    )
+    parser.add_argument("target", metavar="FILE_OR_MODULE:FACTORY")
+    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument("--strategy", default=None, help="apply this strategy first (e.g. full)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs after a warm-up")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the measurement")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._core._io import atomic_write_text
+    from ._cli_compare import parse_argnums, parse_strategy
+    from ._target import load_target
+
+    strategy = parse_strategy(args.strategy) if args.strategy is not None else None
+    argnums = parse_argnums(args.argnums)
+    fn, fn_args = load_target(args.target)
+    from .._measure._measure import measure  # after the cheap checks: a bad target fails fast
+
+    m = measure(fn, *fn_args, argnums=argnums, strategy=strategy, repeats=args.repeats)
+    _print(m, args.target)
+    if args.json is not None:
+        text = json.dumps(dataclasses.asdict(m), indent=1) + "\n"
+        print(f"wrote {atomic_write_text(args.json, text)}")
+    return 0
+
+
+def _print(m, target: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    console.print(f"[bold]{target}[/bold]  strategy: {m.strategy}  backend: {m.backend}")
+    console.print(
+        f"peak memory  {m.peak_bytes / MIB:10.2f} MiB  ({m.peak_source}; temp "
+        f"{m.temp_bytes / MIB:.2f}, arguments {m.argument_bytes / MIB:.2f}, outputs "
+        f"{m.output_bytes / MIB:.2f}, aliased {m.alias_bytes / MIB:.2f})"
+    )
+    console.print(
+        f"residuals    {m.residual_bytes / MIB:10.2f} MiB  ({len(m.residuals)} values kept "
+        "for the backward pass)"
+    )
+    console.print(
+        f"FLOPs        {m.flops / 1e9:10.3f} G    (forward {m.forward_flops / 1e9:.3f} G; "
+        "loop trip counts included)"
+    )
+    if m.seconds is not None:
+        s = m.seconds
+        console.print(
+            f"step time    {s.median * 1e3:10.2f} ms   (median of {s.repeats}; min "
+            f"{s.min * 1e3:.2f}, max {s.max * 1e3:.2f}; compile {m.compile_seconds:.2f} s)"
+        )
+    if m.recompute_eliminated:
+        console.print(
+            "[bold]note:[/bold] XLA removed the recomputation this strategy asked for; "
+            "move the layers into a scan for checkpointing to take effect."
+        )
+    if m.residuals:
+        table = Table(title="largest residuals", title_justify="left")
+        for col in ("shape", "dtype", "× copies", "MiB total", "primitive", "name", "source"):
+            table.add_column(col, justify="right" if col in ("× copies", "MiB total") else "left")
+        for r in sorted(m.residuals, key=lambda r: -r.total_bytes)[:12]:
+            table.add_row(
+                str(tuple(r.shape)),
+                r.dtype,
+                str(r.multiplicity),
+                f"{r.total_bytes / MIB:.3f}",
+                r.primitive,
+                r.name or "",
+                r.source or "",
+            )
+        console.print(table)

@@ -1,0 +1,64 @@
+"""``remat plan TARGET --budget 50%``: the cheapest checkpointing that fits a memory budget."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan the cheapest checkpointing of a program within a memory budget",
+        description=(
+            "Choose, for every scan of FACTORY()'s fn, what to save and how to schedule it so "
+            "that the compiled gradient step fits BUDGET with the fewest recomputed FLOPs; "
+            "print the explanation and write plan.json."
+        ),
+    )
+    parser.add_argument("target", metavar="FILE_OR_MODULE:FACTORY")
+    parser.add_argument(
+        "--budget",
+        required=True,
+        help="bytes (6000000), a size ('6GiB', '512MiB') or a fraction of the "
+        "un-checkpointed peak ('50%%', 0.5)",
+    )
+    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("remat-plan"), help="directory for plan.json"
+    )
+    parser.set_defaults(func=run)
+
+
+def budget_arg(text: str) -> int | float | str:
+    """A budget from the command line: an int is bytes, a float a fraction, else a string."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def run(args: argparse.Namespace) -> int:
+    from ._cli_compare import parse_argnums
+    from ._errors import EXIT_INFEASIBLE, EXIT_USAGE, CliError
+    from ._target import load_target
+
+    argnums = parse_argnums(args.argnums)
+    budget = budget_arg(args.budget)
+    fn, fn_args = load_target(args.target)
+    from .._plan._plan import plan  # after the cheap checks: a bad target fails fast
+    from .._plan._result import InfeasibleBudget
+
+    try:
+        p = plan(fn, *fn_args, budget=budget, argnums=argnums)
+    except InfeasibleBudget as err:
+        raise CliError(str(err).replace("`", ""), EXIT_INFEASIBLE) from err
+    except ValueError as err:
+        raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
+    print(p.explain())
+    print(f"wrote {p.to_json(args.out / 'plan.json')}")
+    return 0

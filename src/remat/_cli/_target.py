@@ -1,0 +1,116 @@
+"""Loading a command-line target ``FILE_OR_MODULE:FACTORY`` into ``(fn, args)``.
+
+``remat measure``, ``remat compare`` (and other commands) take a target such as
+``examples/mlp.py:make`` or ``mypkg.models:make_gpt``: a Python file or an importable module,
+a colon, and the name of a factory function that takes no arguments and returns
+``(fn, args)``, where ``args`` is a tuple of the arguments to call ``fn`` with.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._errors import EXIT_USAGE, CliError
+
+_NO_COLON = (
+    "target {target!r} has no factory; write FILE_OR_MODULE:FACTORY, e.g. "
+    "'model.py:make' where make() returns (fn, args)"
+)
+
+
+def _load_module(spec: str):
+    looks_like_file = spec.endswith(".py") or "/" in spec or "\\" in spec
+    if looks_like_file:
+        path = Path(spec)
+        if not path.is_file():
+            raise CliError(f"no such file: {spec}", EXIT_USAGE)
+        name = f"_remat_target_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise CliError(f"cannot import {spec} as a Python file", EXIT_USAGE)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.path.insert(0, str(path.resolve().parent))  # let the file import its neighbours
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as err:
+            raise CliError(f"importing {spec} failed: {_one_line(err)}", EXIT_USAGE) from err
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as err:
+        if err.name and spec.startswith(err.name):
+            raise CliError(
+                f"no such module: {spec} (nor a file; give a path ending in .py)", EXIT_USAGE
+            ) from err
+        raise CliError(f"importing {spec} failed: {_one_line(err)}", EXIT_USAGE) from err
+    except Exception as err:
+        raise CliError(f"importing {spec} failed: {_one_line(err)}", EXIT_USAGE) from err
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Imports ``FILE_OR_MODULE:FACTORY``, calls ``FACTORY()`` and returns its ``(fn, args)``.
+
+    Args:
+      target: ``path/to/file.py:factory`` or ``package.module:factory``.
+
+    Returns:
+      ``(fn, args)`` with ``fn`` callable and ``args`` a tuple.
+
+    Raises:
+      remat._cli._cli.CliError: (exit code 2) with a one-line message when the file or module
+        does not exist or fails to import, the factory does not exist or is not callable,
+        the factory raises, or it returns anything but ``(callable, tuple)``.
+
+    Example:
+      >>> import pathlib, tempfile
+      >>> from remat._cli._target import load_target
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "model.py"
+      >>> _ = path.write_text("def make():\\n    return sum, ([1.0, 2.0],)\\n")
+      >>> fn, args = load_target(f"{path}:make")
+      >>> fn(*args)
+      3.0
+    """
+    module_spec, colon, factory_name = target.rpartition(":")
+    if not colon or not module_spec or not factory_name:
+        raise CliError(_NO_COLON.format(target=target), EXIT_USAGE)
+    module = _load_module(module_spec)
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        raise CliError(f"{module_spec} has no function {factory_name!r}", EXIT_USAGE)
+    if not callable(factory):
+        raise CliError(f"{module_spec}:{factory_name} is not callable", EXIT_USAGE)
+    try:
+        result = factory()
+    except Exception as err:
+        raise CliError(f"{target}() raised {_one_line(err)}", EXIT_USAGE) from err
+    if (
+        not isinstance(result, tuple)
+        or len(result) != 2
+        or not callable(result[0])
+        or not isinstance(result[1], tuple)
+    ):
+        raise CliError(
+            f"{target}() returned {_describe(result)}; expected (fn, args) with fn callable "
+            "and args a tuple",
+            EXIT_USAGE,
+        )
+    return result
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, tuple):
+        inner = ", ".join(type(v).__name__ for v in value)
+        return f"a tuple ({inner})"
+    return f"a {type(value).__name__}"

@@ -1,0 +1,129 @@
+"""Host offloading: a third choice beside saving a residual on the device and recomputing it.
+
+An offloaded residual is copied to host memory in the forward pass and back in the backward
+pass (`jax.checkpoint_policies.save_and_offload_only_these_names`): it costs no device memory
+between the passes, but two transfers over the host link. The planner prices that as
+
+    seconds = 2 * bytes / host_bandwidth
+
+(one copy out, one copy back; per device, since every device moves its own shard), with
+``host_bandwidth`` defaulting to `HOST_BANDWIDTH` = 25 GB/s, about what one accelerator gets
+from a PCIe 4.0 x16 link in practice. Pass the measured number of your machine where it
+matters.
+
+When is offloading possible? The rule, read from the device's memory spaces
+(`jax.Device.addressable_memories`, `jax.Device.default_memory`):
+
+1. the device can address a ``pinned_host`` memory space, and
+2. its own (default) memory is a different space, of kind ``device``, and
+3. that device memory is not itself host memory. A CPU device's ``device`` memory *is* host
+   RAM: it lists ``device``, ``pinned_host`` and ``unpinned_host`` like an accelerator does,
+   but they are the same RAM, and XLA:CPU keeps "offloaded" residuals in the program's
+   ordinary temporaries (measured: the temp bytes of an offloading gradient step equal those
+   of the step that saves the same values on the device, and ``host_temp_size_in_bytes`` is
+   0). So a device whose memories all belong to the ``cpu`` platform offers nothing to
+   offload to.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+# Bytes per second between device and host memory, per device. PCIe 4.0 x16 moves ~25 GB/s in
+# each direction in practice (32 GB/s nominal); NVLink-C2C hosts (GH200) are an order faster.
+HOST_BANDWIDTH = 25e9
+
+_HOST_KINDS = ("pinned_host", "unpinned_host")
+
+
+def offload_unavailable_reason(device: jax.Device | None = None) -> str | None:
+    """Why ``device`` has no host memory to offload to, or None when it has one.
+
+    Example:
+      >>> import jax
+      >>> from remat._core._offload import offload_unavailable_reason
+      >>> print(offload_unavailable_reason(jax.devices("cpu")[0]))
+      cpu device 0 has memory spaces device, pinned_host, unpinned_host, but its device memory is host RAM: nothing to offload to
+    """
+    device = device if device is not None else jax.devices()[0]
+    label = f"{device.platform} device {device.id}"
+    try:
+        memories = list(device.addressable_memories())
+        own = device.default_memory()
+    except Exception:  # backends without memory-space support
+        return f"{label} exposes no memory spaces"
+    kinds = sorted({m.kind for m in memories})
+    listed = ", ".join(kinds)
+    if "pinned_host" not in kinds:
+        return f"{label} has memory spaces {listed}, none of them pinned_host"
+    if own.kind in _HOST_KINDS:
+        return f"{label}'s own memory is already host memory ({own.kind})"
+    if all(getattr(m, "platform", device.platform) == "cpu" for m in memories):
+        return f"{label} has memory spaces {listed}, but its device memory is host RAM: nothing to offload to"
+    return None
+
+
+def offload_available(device: jax.Device | None = None) -> bool:
+    """Whether ``device`` (default: the first device) has a host memory space to offload to.
+
+    See the module docstring for the rule.
+
+    Example:
+      >>> import jax
+      >>> from remat._core._offload import offload_available
+      >>> offload_available(jax.devices("cpu")[0])
+      False
+    """
+    return offload_unavailable_reason(device) is None
+
+
+def transfer_seconds(num_bytes: float, host_bandwidth: float = HOST_BANDWIDTH) -> float:
+    """Seconds to offload ``num_bytes`` and fetch them back: ``2 * num_bytes / host_bandwidth``.
+
+    Args:
+      num_bytes: bytes offloaded (per device).
+      host_bandwidth: bytes per second of the device-host link, each way.
+
+    Returns:
+      The transfer time the planner charges for offloading these bytes.
+
+    Raises:
+      ValueError: if ``host_bandwidth`` is not positive.
+
+    Example:
+      >>> from remat._core._offload import transfer_seconds
+      >>> transfer_seconds(25e9)
+      2.0
+    """
+    if not host_bandwidth > 0:
+        raise ValueError(
+            f"`remat.plan` got host_bandwidth={host_bandwidth!r}; it must be a positive number "
+            "of bytes per second (default 25e9)."
+        )
+    return 2.0 * float(num_bytes) / float(host_bandwidth)
+
+
+@functools.cache
+def device_flops_per_second(size: int = 1024, repeats: int = 5) -> float:
+    """The default device's measured float32 matmul rate, FLOP/s (cached per process).
+
+    The planner uses it to put transfer seconds and recomputed FLOPs in one objective.
+
+    Example:
+      >>> from remat._core._offload import device_flops_per_second
+      >>> device_flops_per_second(64, 1) > 0
+      True
+    """
+    a = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x).lower(a).compile()
+    jax.block_until_ready(matmul(a))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a))
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / max(best, 1e-9)

@@ -1,0 +1,88 @@
+"""RM005: checkpoints whose recomputation the compiler removed, read from `remat.measure`.
+
+Kept apart from `_lint.py` because it compiles the gradient, while every other check reads
+only the traced program.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._core._warnings import RematWarning
+from .._trace import _jaxpr_walk as walk
+from ._findings import Finding
+
+# Why the recomputation disappeared, per backend.
+_WHY = {
+    "cpu": (
+        "XLA's CPU backend expands the optimization barriers that jax.checkpoint inserts "
+        "before common-subexpression elimination, so the recomputed values are merged with "
+        "the forward ones: no recomputation, no memory saved"
+    ),
+}
+_WHY_DEFAULT = (
+    "XLA merged the recomputed values with the forward ones (common-subexpression "
+    "elimination across the checkpoint), so the checkpoint costs nothing and saves nothing"
+)
+_FIX = {
+    "cpu": (
+        "checkpoint inside a lax.scan body (remat.apply(fn, strategy) or remat.scan): on CPU "
+        "remat is only kept inside loops"
+    ),
+}
+_FIX_DEFAULT = "keep prevent_cse=True on checkpoints outside loops, or checkpoint a scan body"
+
+
+def _scalar_output(fn, args) -> bool:
+    out = jax.eval_shape(fn, *args)
+    return (
+        isinstance(out, jax.ShapeDtypeStruct)
+        and out.shape == ()
+        and jnp.issubdtype(out.dtype, jnp.floating)
+    )
+
+
+def check_eliminated(fn, args: tuple[Any, ...], checkpoints: list[walk.Site]) -> list[Finding]:
+    """Measures ``fn``'s gradient and reports RM005 if the compiler removed recomputation."""
+    leaves = jax.tree_util.tree_leaves(args)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+        return []  # shapes only: nothing to compile and measure
+    if not args or not _scalar_output(fn, args):
+        return []  # measure differentiates a scalar loss; nothing to compile here
+    argnums = tuple(i for i, a in enumerate(args) if _inexact(a))
+    if not argnums:
+        return []  # nothing to differentiate
+    from .._measure._measure import measure  # compiles; only needed here
+
+    with warnings.catch_warnings():  # measure warns about what we report as RM005
+        warnings.simplefilter("ignore", RematWarning)
+        measurement = measure(fn, *args, argnums=argnums, repeats=0)
+    return findings_from_measurement(measurement, checkpoints)
+
+
+def _inexact(tree) -> bool:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return bool(leaves) and all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
+
+
+def findings_from_measurement(measurement, checkpoints: list[walk.Site]) -> list[Finding]:
+    """RM005 findings for a `remat.Measurement`, placed at the checkpoints outside loops."""
+    if not (measurement.recompute_requested and measurement.recompute_eliminated):
+        return []
+    backend = measurement.backend
+    why, fix = _WHY.get(backend, _WHY_DEFAULT), _FIX.get(backend, _FIX_DEFAULT)
+    outside_loops = [s for s in checkpoints if s.loops == 0 and s.checkpoint is None]
+    where = outside_loops or [s for s in checkpoints if s.checkpoint is None][:1]
+    return [
+        Finding(
+            "RM005",
+            f"the compiler removed this checkpoint's recomputation on {backend}: {why}",
+            walk.source(site.eqn),
+            fix,
+        )
+        for site in where
+    ]

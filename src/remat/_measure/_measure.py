@@ -1,0 +1,369 @@
+"""`remat.measure`: what one compiled gradient step keeps and costs, read from the compiled program.
+
+Three things that users of `jax.checkpoint` cannot easily see are measured here:
+
+- memory, from XLA's compiled memory analysis (exact and deterministic);
+- FLOPs with loop trip counts, from the optimised HLO (`remat._measure._hlo`), because
+  ``compiled.cost_analysis()`` counts a loop body once;
+- whether the recomputation a checkpoint asks for survived compilation: XLA may undo it (on the
+  CPU backend it expands the optimisation barriers of `jax.checkpoint` before common-subexpression
+  elimination, so a checkpoint outside a loop is removed; other backends may merge the
+  recomputation with the forward pass by CSE). `measure` compiles the program's plain twin and
+  compares matmul FLOPs.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._core._strategy import as_strategy
+from .._core._warnings import RematWarning
+from .._shard._sharding import num_devices
+from .._trace._checkpoints import recompute_requested, strip_checkpoints, traced_dot_flops
+from ._hlo import hlo_flops
+from ._measurement import Measurement, Timing
+from ._residuals import saved_residuals
+
+_NOT_CALLABLE = "`remat.measure` got fn={got!r}, which is not callable; pass the loss function."
+_NOT_ARRAY = (
+    "`remat.measure` got an argument leaf of type {kind} at {path}; every argument must be a "
+    "pytree of arrays (jax.Array, numpy arrays or Python numbers). Close over other values "
+    "with `functools.partial` or a lambda."
+)
+_NOT_FLOAT = (
+    "`remat.measure` differentiates argument(s) argnums={argnums}, but the leaf at {path} has "
+    "dtype {dtype}; gradients need floating-point inputs. Pass only float arguments in "
+    "`argnums`, or close over the integer ones."
+)
+_NOT_SCALAR = (
+    "`remat.measure` needs a scalar-valued (loss) function, but fn returned {got}. Reduce the "
+    "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
+)
+_ABSTRACT_TIMED = (
+    "`remat.measure` got a `jax.ShapeDtypeStruct` at {path} with repeats={repeats}; abstract "
+    "arguments can be compiled and measured but not run. Pass repeats=0, or real arrays."
+)
+_BAD_ARGNUMS = (
+    "`remat.measure` got argnums={argnums!r} for {n} positional argument(s); pass an int or a "
+    "tuple of ints in range(0, {n}), as for `jax.grad`."
+)
+_BAD_REPEATS = "`remat.measure` got repeats={got!r}; pass an int >= 0 (0 skips timing)."
+_ELIMINATED = (
+    "`remat.measure`: the checkpoints in {name} ask for recomputation, but the compiled program "
+    "contains none (its matmul FLOPs, {flops:.4g}, are not above those of the program without "
+    "checkpoints, {plain:.4g}), so they save no memory. {cause} Fix: put the layers in a "
+    "`jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) and checkpoint the scan body, e.g. "
+    "with `remat.apply(fn, strategy)`; inside a loop, the recomputation survives compilation."
+)
+_CAUSE_CPU = (
+    "Cause: on the CPU backend XLA expands the optimisation barriers of `jax.checkpoint` before "
+    "common-subexpression elimination, which then merges the recomputation with the forward "
+    "pass wherever the checkpoint is not inside a loop."
+)
+_CAUSE_OTHER = (
+    "Cause: XLA's common-subexpression elimination merged the recomputation with the forward "
+    "pass (a checkpoint outside a loop is not protected from it)."
+)
+_SCALARS = (int, float, complex, bool, np.generic, np.ndarray, jax.Array)
+
+# Compiled FLOPs of plain gradient steps and of forward passes, so that measuring several
+# strategies of one function (as `remat.compare` does) compiles the plain twin and the forward
+# pass once. Keyed by the function object, what was compiled ("forward" or argnums), the
+# backend and the arguments' structure, shapes and dtypes; a few entries.
+_FLOPS_MEMO: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+_MEMO_SIZE = 16
+
+
+def _memo_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    avals = tuple((tuple(np.shape(x)), str(_dtype(x))) for x in leaves)
+    key = (fn, argnums, jax.default_backend(), treedef, avals)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable callable: not remembered
+        return None
+    return key
+
+
+def _remember(key: tuple[Any, ...] | None, flops: float) -> None:
+    if key is None:
+        return
+    _FLOPS_MEMO[key] = flops
+    _FLOPS_MEMO.move_to_end(key)
+    while len(_FLOPS_MEMO) > _MEMO_SIZE:
+        _FLOPS_MEMO.popitem(last=False)
+
+
+### Memory
+
+
+def measure_compiled(compiled: Any) -> dict[str, Any]:
+    """Memory of a compiled program, from XLA's compiled memory analysis.
+
+    Args:
+      compiled: a `jax.stages.Compiled`, e.g. ``jax.jit(f).lower(*args).compile()``.
+
+    Returns:
+      A dict with ``peak_bytes``, ``peak_source``, ``temp_bytes``, ``argument_bytes``,
+      ``output_bytes`` and ``alias_bytes``. ``peak_bytes`` is the backend's
+      ``peak_memory_in_bytes`` when it reports one that includes the temporaries
+      (``peak_source="peak_memory_in_bytes"``), else ``temp + argument + output - alias``
+      (``peak_source="temp+argument+output-alias"``; so on the CPU backend, whose reported
+      peak leaves the temporaries out).
+      A backend without memory analysis gives zeros and ``peak_source="unavailable"``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._measure._measure import measure_compiled
+      >>> m = measure_compiled(jax.jit(jnp.sin).lower(jnp.ones(256)).compile())
+      >>> m["argument_bytes"], m["output_bytes"]
+      (1024, 1024)
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {
+            "peak_bytes": 0,
+            "peak_source": "unavailable",
+            "temp_bytes": 0,
+            "argument_bytes": 0,
+            "output_bytes": 0,
+            "alias_bytes": 0,
+        }
+    parts = {
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+        "alias_bytes": int(stats.alias_size_in_bytes),
+    }
+    peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
+    # XLA allocates a program's temporaries as one buffer that lives for the whole run, as do
+    # its (non-donated) arguments, so a true peak is at least temp + argument - alias. The CPU
+    # backend (jaxlib 0.10) reports a `peak_memory_in_bytes` that leaves the temporaries out
+    # (about argument + output); such a number is not used.
+    floor = parts["temp_bytes"] + parts["argument_bytes"] - parts["alias_bytes"]
+    if peak > 0 and peak >= floor:
+        source = "peak_memory_in_bytes"
+    else:
+        source = "temp+argument+output-alias"
+        peak = (
+            parts["temp_bytes"]
+            + parts["argument_bytes"]
+            + parts["output_bytes"]
+            - parts["alias_bytes"]
+        )
+    return {"peak_bytes": peak, "peak_source": source, **parts}
+
+
+def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: int) -> Timing:
+    """Wall-clock seconds of ``repeats`` runs of ``compiled(*args)`` after one warm-up run.
+
+    Every run ends with `jax.block_until_ready`, so asynchronous dispatch is not mistaken
+    for speed.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._measure._measure import time_compiled
+      >>> t = time_compiled(jax.jit(jnp.sin).lower(1.0).compile(), (1.0,), repeats=3)
+      >>> t.repeats, t.min <= t.median <= t.max
+      (3, True)
+    """
+    jax.block_until_ready(compiled(*args))  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - start)
+    return Timing(median=statistics.median(times), min=min(times), max=max(times), repeats=repeats)
+
+
+### Validation
+
+
+def _dtype(leaf: Any) -> Any:
+    dtype = getattr(leaf, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else jax.numpy.result_type(leaf)
+
+
+def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
+    n = len(args)
+    argnums_t = (argnums,) if isinstance(argnums, int) else argnums
+    if (
+        not isinstance(argnums_t, tuple | list)
+        or not argnums_t
+        or any(isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < n for a in argnums_t)
+    ):
+        raise ValueError(_BAD_ARGNUMS.format(argnums=argnums, n=n))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(args):
+        where = "args" + jax.tree_util.keystr(path)
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            if repeats:
+                raise TypeError(_ABSTRACT_TIMED.format(path=where, repeats=repeats))
+        elif not isinstance(leaf, _SCALARS):
+            raise TypeError(_NOT_ARRAY.format(kind=type(leaf).__name__, path=where))
+    for i in argnums_t:
+        for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
+            dtype = _dtype(leaf)
+            if not np.issubdtype(dtype, np.inexact):
+                where = f"args[{i}]" + jax.tree_util.keystr(path)
+                raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
+    return tuple(argnums_t)
+
+
+def _check_scalar(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    out = jax.eval_shape(fn, *args)
+    leaves = jax.tree_util.tree_leaves(out)
+    if (
+        len(leaves) != 1
+        or not isinstance(out, jax.ShapeDtypeStruct)
+        or out.shape != ()
+        or not np.issubdtype(out.dtype, np.floating)
+    ):
+        got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
+        raise ValueError(_NOT_SCALAR.format(got=got))
+
+
+### Main API
+
+
+def measure(
+    fn: Callable[..., Any],
+    *args: Any,
+    argnums: int | Sequence[int] = 0,
+    strategy: Any = None,
+    repeats: int = 5,
+) -> Measurement:
+    """Compiles ``jax.value_and_grad(fn, argnums)`` with `jax.jit` and measures it.
+
+    Memory comes from XLA's compiled memory analysis; residuals from the traced program (what
+    autodiff keeps for the backward pass, each with its multiplicity: a value kept at every
+    step of a scan of length ``N`` counts ``N`` times, nested scans multiply); FLOPs from the
+    optimised HLO, counting every matmul (``dot``) and convolution, multiplied by the trip
+    counts of the loops around it. **Elementwise work is not counted** in ``flops`` or
+    ``forward_flops``. ``forward_flops`` is the same count for ``jax.jit(fn)`` alone (a
+    checkpoint changes nothing in a pass without a backward pass).
+
+    ``recompute_requested`` is True when a `jax.checkpoint` in the traced program has a
+    policy that does not save everything. ``recompute_eliminated`` is True when, moreover,
+    the traced gradient asks to recompute matmuls (it has more matmul FLOPs than the plain
+    twin, the program without checkpoints), but the compiled gradient does not have more
+    matmul FLOPs than the compiled plain twin: XLA undid the checkpoint, and `measure`
+    warns. Recomputation of elementwise work only is not judged.
+
+    Args:
+      fn: a function returning a scalar (the loss).
+      *args: its arguments: arrays or pytrees of arrays. With ``repeats=0`` they may be
+        `jax.ShapeDtypeStruct` s: the step is compiled and measured but never run, so
+        programs too large to run here can still be measured.
+      argnums: which positional arguments to differentiate, as in `jax.grad`.
+      strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
+        strategy `remat.apply` takes). None measures ``fn`` as written.
+      repeats: timed runs after one warm-up run; 0 skips timing (``seconds=None``).
+
+    Returns:
+      A `remat.Measurement`.
+
+    Raises:
+      TypeError: if ``fn`` is not callable, an argument is not an array, or a
+        differentiated argument is not floating point.
+      ValueError: if ``fn`` does not return a real scalar, for bad ``argnums`` or
+        ``repeats``, or for an unknown strategy.
+
+    Warns:
+      RematWarning: when the compiled program undid the recomputation that the traced
+        program asked for (``recompute_eliminated``).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def loss(ws, x):
+      ...     x, _ = jax.lax.scan(lambda y, w: (jnp.tanh(y @ w), None), x, ws)
+      ...     return x.sum()
+      >>> ws, x = jnp.ones((4, 8, 8)) * 0.1, jnp.ones((2, 8))
+      >>> m = remat.measure(loss, ws, x, strategy="full", repeats=0)
+      >>> m.forward_flops, m.flops  # 4 layers * 2*2*8*8; the gradient with recompute is 4x
+      (1024.0, 4096.0)
+      >>> [(r.shape, r.multiplicity) for r in m.residuals if r.primitive != "argument"]
+      [((2, 8), 4)]
+    """
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(got=fn))
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
+        raise ValueError(_BAD_REPEATS.format(got=repeats))
+    argnums_t = _check_args(args, argnums, repeats)
+    argnums = argnums if isinstance(argnums, int) else argnums_t
+
+    if strategy is None:
+        target, plain, label = fn, None, "none"
+    else:
+        from .._trace._rewrite import apply
+
+        strategy_obj = as_strategy(strategy, "remat.measure")
+        target, plain, label = apply(fn, strategy_obj), fn, strategy_obj.name
+    _check_scalar(target, args)
+
+    step = jax.value_and_grad(target, argnums)
+    start = time.perf_counter()
+    compiled = jax.jit(step).lower(*args).compile()
+    compile_seconds = time.perf_counter() - start
+    memory = measure_compiled(compiled)
+    flops = hlo_flops(compiled.as_text())
+    # Checkpoints change nothing in a pass without a backward pass, so the forward FLOPs of
+    # any strategy are those of `fn` itself.
+    forward_key = _memo_key(fn, "forward", args)
+    forward_flops = _FLOPS_MEMO.get(forward_key) if forward_key is not None else None
+    if forward_flops is None:
+        forward_flops = hlo_flops(jax.jit(fn).lower(*args).compile().as_text())
+        _remember(forward_key, forward_flops)
+    residuals = saved_residuals(target, *args, argnums=argnums)
+
+    requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
+    eliminated, plain_flops = False, None
+    if not requested:
+        _remember(_memo_key(target, argnums, args), flops)
+    else:
+        key = _memo_key(plain if plain is not None else target, argnums, args)
+        if plain is None:
+            plain, key = strip_checkpoints(target), key and (*key, "stripped")
+        plain_step = jax.value_and_grad(plain, argnums)
+        traced = traced_dot_flops(jax.make_jaxpr(step)(*args).jaxpr)
+        traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
+        if traced > traced_plain:
+            plain_flops = _FLOPS_MEMO.get(key) if key is not None else None
+            if plain_flops is None:
+                compiled_plain = jax.jit(plain_step).lower(*args).compile()
+                plain_flops = hlo_flops(compiled_plain.as_text())
+                _remember(key, plain_flops)
+            eliminated = flops <= plain_flops
+    backend = jax.default_backend()
+    if eliminated:
+        name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
+        cause = _CAUSE_CPU if backend == "cpu" else _CAUSE_OTHER
+        warnings.warn(
+            _ELIMINATED.format(name=name, flops=flops, plain=plain_flops, cause=cause),
+            RematWarning,
+            stacklevel=2,
+        )
+
+    seconds = time_compiled(compiled, args, repeats) if repeats > 0 else None
+    return Measurement(
+        **memory,
+        residuals=residuals,
+        residual_bytes=sum(r.total_bytes for r in residuals),
+        flops=flops,
+        forward_flops=forward_flops,
+        recompute_requested=requested,
+        recompute_eliminated=eliminated,
+        compile_seconds=compile_seconds,
+        seconds=seconds,
+        strategy=label,
+        backend=backend,
+        num_devices=num_devices(compiled),
+        plain_flops=plain_flops,
+    )

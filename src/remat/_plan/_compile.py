@@ -1,0 +1,81 @@
+"""Compiling and measuring a plan: `remat.measure`'s numbers from one compile."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .._core._warnings import RematWarning
+from .._measure._measurement import Measurement
+
+
+def peak_of(m: Measurement) -> int:
+    """The peak memory of a measurement.
+
+    XLA's CPU backend reports a ``peak_memory_in_bytes`` that leaves out temporaries (it can
+    be below the temporaries alone); then ``temp + argument + output - alias`` is used.
+    """
+    total = m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
+    return total if m.peak_bytes < m.temp_bytes else m.peak_bytes
+
+
+def compile_measure(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    argnums: Any,
+    label: str,
+    baseline: Measurement | None,
+) -> Measurement:
+    """`remat.measure`'s numbers for ``fn`` from a single compile of its gradient step.
+
+    Memory and FLOPs are read as `remat.measure` reads them; ``forward_flops`` is the traced
+    matmul count (checkpointing does not change the forward pass), and the recomputation is
+    judged eliminated when the plan's matmul FLOPs are not above the un-checkpointed step's.
+    """
+    from .._measure._hlo import hlo_flops
+    from .._measure._measure import measure_compiled
+    from .._measure._residuals import saved_residuals
+    from .._shard._sharding import num_devices
+    from .._trace._checkpoints import traced_dot_flops
+
+    step = jax.value_and_grad(fn, argnums)
+    start = time.perf_counter()
+    compiled = jax.jit(step).lower(*args).compile()
+    seconds = time.perf_counter() - start
+    with warnings.catch_warnings():
+        # A Binomial schedule's backward loop has a data-dependent trip count that the HLO
+        # reader cannot see: its FLOPs are then a lower bound (see the module docstring).
+        warnings.simplefilter("ignore", RematWarning)
+        flops = hlo_flops(compiled.as_text())
+    residuals = saved_residuals(fn, *args, argnums=argnums)
+    forward = traced_dot_flops(jax.make_jaxpr(fn)(*args).jaxpr)
+    requested = baseline is not None
+    return Measurement(
+        **measure_compiled(compiled),
+        residuals=residuals,
+        residual_bytes=sum(r.total_bytes for r in residuals),
+        flops=flops,
+        forward_flops=forward,
+        recompute_requested=requested,
+        recompute_eliminated=False,
+        compile_seconds=seconds,
+        seconds=None,
+        strategy=label,
+        backend=jax.default_backend(),
+        num_devices=num_devices(compiled),
+        plain_flops=None if baseline is None else baseline.flops,
+    )
+
+
+def light_peak(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> int:
+    """The peak of the compiled gradient step (one compile, nothing else)."""
+    from .._measure._measure import measure_compiled
+
+    compiled = jax.jit(jax.value_and_grad(fn, argnums)).lower(*args).compile()
+    m = measure_compiled(compiled)
+    total = m["temp_bytes"] + m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"]
+    return total if m["peak_bytes"] < m["temp_bytes"] else m["peak_bytes"]

@@ -1,0 +1,261 @@
+"""The planner's choices: each scan's schedules as MILP options, and solutions as plans.
+
+Bridges the cost model (`_costmodel`) and the integer program (`_milp`): every scan gets one
+`Option` per schedule, with its own copy of the scan's nodes (stored once per step for
+``per_step``, once per inner block step for `Nested`) and its own fixed bytes and FLOPs
+(stored carries, re-run forward steps); a `Binomial` schedule keeps one step's residuals, so
+it saves every needed value and has no nodes. A solution is decoded back into `ScanPlan`s and
+the `ScanChoice`s that `_tag.rewrite` runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from .._core._schedule import Binomial, Nested, Schedule
+from .._trace._tag import ScanChoice
+from ._costmodel import ScanModel
+from ._milp import Node, Option, Solution, materialised
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedValue:
+    """A value that a plan saves at every step of a scan."""
+
+    name: str
+    primitive: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    multiplicity: int
+    source: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanPlan:
+    """What a plan does with one scan: its schedule and the values it saves."""
+
+    position: int
+    source: str | None
+    length: int
+    schedule: Schedule
+    names: tuple[str, ...]
+    saved: tuple[SavedValue, ...]
+    recompute_flops: float
+    offloaded: tuple[str, ...] = ()  # names kept in host memory between the passes
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    scan: int  # index into the models
+    schedule: Schedule
+    option: Option
+    nodes: tuple[Node, ...]  # nodes of this option (inputs relative to the scan's block)
+    save_all: bool  # the schedule keeps one step's residuals: save every needed value
+
+
+def schedules_for(model: ScanModel, enabled: bool) -> list[tuple[Schedule, int, int, float, bool]]:
+    """Per option: (schedule, stored copies per saved value, other stored carries, extra
+    forward steps, save_all)."""
+    n = model.length
+    out: list[tuple[Schedule, int, int, float, bool]] = [("per_step", n, 0, 0.0, False)]
+    if not enabled or n < 4:
+        return out
+    from .._scan._revolve import revolve_cost
+    from .._scan._scan import nested_lengths
+
+    outer, inner = nested_lengths(n, 2)
+    # The outer level keeps `outer` carries; a block is re-run forward once per gradient.
+    out.append((Nested(2), inner, outer, float(n), False))
+    snapshots = sorted({s for s in (1, 2, 4, math.isqrt(n)) if 1 <= s < n - 1})
+    for s in snapshots:
+        out.append((Binomial(s), 1, s, float(revolve_cost(n, s) + 1), True))
+    return out
+
+
+def candidates(models: Sequence[ScanModel], schedules: bool) -> list[Candidate]:
+    cands = []
+    for k, model in enumerate(models):
+        needed_bytes = sum(v.bytes for v in model.values if v.needed)
+        for schedule, copies, carries, extra_steps, save_all in schedules_for(model, schedules):
+            flops = extra_steps * model.step_flops
+            if save_all:
+                option = Option(
+                    group=k,
+                    bytes=float(carries * model.carry_bytes),
+                    flops=flops,
+                    transient=float(needed_bytes),
+                )
+                nodes: tuple[Node, ...] = ()
+            else:
+                option = Option(group=k, bytes=float(carries * model.carry_bytes), flops=flops)
+                nodes = tuple(model.nodes(steps=copies))
+            cands.append(Candidate(k, schedule, option, nodes, save_all))
+    return cands
+
+
+def assemble(cands: Sequence[Candidate]) -> tuple[list[Node], list[Option], list[int]]:
+    """All candidates' nodes in one graph; returns nodes, options, and each node's offset."""
+    nodes: list[Node] = []
+    offsets: list[int] = []
+    for o, cand in enumerate(cands):
+        base = len(nodes)
+        offsets.append(base)
+        for node in cand.nodes:
+            nodes.append(
+                dataclasses.replace(
+                    node,
+                    inputs=tuple(base + u for u in node.inputs),
+                    option=o,
+                    group=o,
+                )
+            )
+    return nodes, [c.option for c in cands], offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    choices: dict[int, ScanChoice]
+    scans: tuple[ScanPlan, ...]
+    model_bytes: float  # weighted saved + sliced + transient, without the base
+    flops: float  # the model's recompute FLOPs
+    stored: float = 0.0  # unweighted: saved bytes (with the options' bytes)
+    sliced: float = 0.0  # unweighted: one step's copy of the saved values
+    transient: float = 0.0  # unweighted: the largest step's materialised recomputed bytes
+
+
+def decode(
+    solution: Solution,
+    cands: Sequence[Candidate],
+    offsets: Sequence[int],
+    models: Sequence[ScanModel],
+    transient_weight: float,
+    stored_weight: float = 1.0,
+    slice_weight: float = 0.0,
+) -> Choice:
+    choices: dict[int, ScanChoice] = {}
+    scans = []
+    for o in solution.options:
+        cand = cands[o]
+        model = models[cand.scan]
+        if cand.save_all:
+            idx = [i for i, v in enumerate(model.values) if v.needed]
+            copies = 1
+            flops = cand.option.flops
+        else:
+            idx = [i for i in range(len(cand.nodes)) if offsets[o] + i in solution.saved]
+            copies = cand.nodes[0].multiplicity if cand.nodes else 1
+            flops = cand.option.flops + sum(
+                cand.nodes[i].recompute_flops
+                for i in range(len(cand.nodes))
+                if offsets[o] + i in solution.recomputed
+            )
+        values = [model.values[i] for i in idx]
+        names = tuple(v.name for v in values if v.primitive != "carry")
+        offloaded = tuple(
+            v.name
+            for i, v in enumerate(model.values)
+            if not cand.save_all and offsets[o] + i in solution.offloaded
+        )
+        saved = tuple(
+            SavedValue(
+                name=v.name,
+                primitive=v.primitive,
+                shape=v.shape,
+                dtype=v.dtype,
+                bytes=v.bytes,
+                multiplicity=1 if v.invariant else copies,
+                source=v.source,
+            )
+            for v in values
+        )
+        position = _positions(models)[cand.scan]
+        choices[position] = ScanChoice(names=names, schedule=cand.schedule, offload=offloaded)
+        scans.append(
+            ScanPlan(
+                position=position,
+                source=model.source,
+                length=model.length,
+                schedule=cand.schedule,
+                names=names,
+                saved=saved,
+                recompute_flops=float(flops),
+                offloaded=offloaded,
+            )
+        )
+    model_bytes = (
+        stored_weight * solution.saved_bytes
+        + slice_weight * solution.slice_bytes
+        + transient_weight * solution.transient_bytes
+    )
+    flops = float(sum(s.recompute_flops for s in scans))
+    return Choice(
+        choices, tuple(scans), model_bytes, flops, stored=float(solution.saved_bytes),
+        sliced=float(solution.slice_bytes), transient=float(solution.transient_bytes),
+    )  # fmt: skip
+
+
+def _positions(models: Sequence[ScanModel]) -> list[int]:
+    return [m.index for m in models]
+
+
+def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool | str) -> Choice:
+    """The per-step choice that saves every needed value (``save=True``), none (``False``),
+    or every needed value that is not fusible (``"unfused"``)."""
+    saved, recomputed, transient = set(), set(), 0.0
+    nodes = [n for c in cands for n in c.nodes]
+    for o in options:
+        for i, node in enumerate(cands[o].nodes):
+            keep = save is True or (save == "unfused" and not node.fusible)
+            if not node.saveable or (not keep and node.recomputable):
+                recomputed.add(offsets[o] + i)
+            elif node.needed or not node.recomputable:
+                saved.add(offsets[o] + i)
+    live = materialised(nodes, recomputed)
+    for o in options:
+        block = range(offsets[o], offsets[o] + len(cands[o].nodes))
+        transient = max(
+            transient, sum(nodes[i].bytes for i in block if i in live and nodes[i].needed)
+        )
+    solution = Solution(
+        saved=frozenset(saved),
+        recomputed=frozenset(recomputed),
+        recompute_flops=0.0,
+        saved_bytes=int(sum(nodes[i].bytes * nodes[i].multiplicity for i in saved)),
+        transient_bytes=int(transient),
+        options=tuple(options),
+        slice_bytes=int(sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)),
+    )
+    return decode(solution, cands, offsets, models, 1.0, 1.0, 1.0)
+
+
+def offload_costs(
+    nodes: Sequence[Node],
+    cands: Sequence[Candidate],
+    offsets: Sequence[int],
+    models: Sequence[ScanModel],
+    host_bandwidth: float,
+    flops_per_second: float | None = None,
+) -> list[Node]:
+    """``nodes`` with `Node.offload_flops` set for every named value a step may save.
+
+    The transfer time of a value's copies (`remat._core._offload.transfer_seconds`) is converted
+    to FLOPs at the device's matmul rate (measured once,
+    `remat._core._offload.device_flops_per_second`), so one objective weighs recomputation and
+    transfers.
+    """
+    from .._core._offload import device_flops_per_second, transfer_seconds
+
+    rate = flops_per_second or device_flops_per_second()
+    out = list(nodes)
+    for o, cand in enumerate(cands):
+        values = models[cand.scan].values
+        for i, node in enumerate(cand.nodes):
+            if node.saveable and values[i].primitive != "carry":
+                seconds = transfer_seconds(node.bytes * node.multiplicity, host_bandwidth)
+                out[offsets[o] + i] = dataclasses.replace(
+                    out[offsets[o] + i], offload_flops=seconds * rate
+                )
+    return out

@@ -1,0 +1,167 @@
+"""`remat.Plan` (a plan and why it was chosen, as JSON too), `remat.InfeasibleBudget`, and the
+fingerprint of the program a plan is for."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from .._core._budget import format_bytes
+from .._core._io import atomic_write_text
+from .._core._plain import to_plain
+from .._core._schedule import encode_schedule
+from .._measure._measurement import Measurement
+from ._compile import peak_of
+from ._options import ScanPlan
+
+# The version of the JSON that `Plan.to_json` writes and `remat.load_plan` reads.
+PLAN_FORMAT = 1
+
+_INFEASIBLE = (
+    "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the smallest peak the "
+    "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
+    "un-checkpointed peak {baseline}). Raise the budget to at least {smallest}, or reduce "
+    "what lives outside the scans (batch size, parameters, vocabulary)."
+)
+
+
+class InfeasibleBudget(ValueError):
+    """No plan fits the memory budget.
+
+    Attributes:
+      budget_bytes: the budget asked for, in bytes.
+      smallest_peak_bytes: the smallest measured peak the planner reached.
+      baseline_peak_bytes: the un-checkpointed peak.
+    """
+
+    def __init__(self, budget: Any, budget_bytes: int, smallest: int, baseline: int):
+        super().__init__(
+            _INFEASIBLE.format(
+                budget=budget,
+                budget_bytes=budget_bytes,
+                smallest=format_bytes(smallest),
+                smallest_bytes=smallest,
+                fraction=smallest / baseline if baseline else 0.0,
+                baseline=format_bytes(baseline),
+            )
+        )
+        self.budget_bytes = budget_bytes
+        self.smallest_peak_bytes = smallest
+        self.baseline_peak_bytes = baseline
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A checkpointing plan: the rewritten function and why it was chosen.
+
+    Attributes:
+      fn: ``fn`` rewritten by the plan: same signature, same values and gradients.
+      scans: one `ScanPlan` per planned scan.
+      budget_bytes: the budget the plan was made for.
+      predicted_peak_bytes: the peak memory the calibrated model predicted for the plan
+        before compiling it (corrected by the measured rounds before it, if any).
+      measured: the plan's `remat.Measurement` (``None`` for a plan loaded without one).
+      baseline_peak_bytes: the un-checkpointed gradient step's peak.
+      baseline_flops: the un-checkpointed gradient step's matmul FLOPs.
+      solve_seconds: seconds spent modelling and solving, without the compiles.
+      rounds: solve-and-measure rounds it took.
+      fingerprint: hash of the traced program the plan is for (see `load_plan`).
+    """
+
+    fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
+    scans: tuple[ScanPlan, ...]
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured: Measurement | None
+    baseline_peak_bytes: int
+    baseline_flops: float
+    solve_seconds: float
+    rounds: int
+    fingerprint: str
+    argnums: int | tuple[int, ...] = 0
+
+    @property
+    def measured_peak_bytes(self) -> int | None:
+        """The measured peak (``None`` without a measurement)."""
+        return None if self.measured is None else peak_of(self.measured)
+
+    @property
+    def flops_ratio(self) -> float | None:
+        """Measured matmul FLOPs relative to the un-checkpointed step."""
+        if self.measured is None or not self.baseline_flops:
+            return None
+        return self.measured.flops / self.baseline_flops
+
+    def table(self):
+        """The explanation as a `rich` renderable (see `explain`)."""
+        from ._explain import plan_table
+
+        return plan_table(self)
+
+    def exto_plain(self, width: int = 110) -> str:
+        """A readable account of the plan: per scan, the schedule and each saved value.
+
+        Per scan: its source, length, schedule and recomputed FLOPs, and a table of the values
+        saved at each step (checkpoint name, primitive, shape, bytes × copies, source line);
+        then the budget, the predicted and the measured peak, the step's FLOPs relative to no
+        checkpointing and the solve time. `remat.plan`'s example shows it.
+        """
+        from rich.console import Console
+
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(self.table())
+        return console.export_text()
+
+    def __str__(self) -> str:
+        return self.exto_plain()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data (without ``fn``)."""
+        data = {
+            "format": PLAN_FORMAT,
+            **{
+                f.name: to_plain(getattr(self, f.name))
+                for f in dataclasses.fields(self)
+                if f.name not in ("fn", "scans", "measured")
+            },
+            "scans": [
+                {
+                    **to_plain(dataclasses.replace(s, schedule="per_step")),
+                    "schedule": encode_schedule(s.schedule),
+                }
+                for s in self.scans
+            ],
+            "measured": None if self.measured is None else to_plain(self.measured),
+        }
+        return data
+
+    def to_json(self, path: str | os.PathLike) -> Path:
+        """Writes the plan to ``path`` as JSON, atomically; reload it with `remat.load_plan`."""
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=True))
+
+
+def fingerprint(fn: Callable[..., Any], *args: Any) -> str:
+    """A hash of the program ``fn`` traces to at ``args`` (equations, shapes, dtypes).
+
+    Source locations are not part of it, so moving code around keeps a plan valid.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from remat._plan._result import fingerprint
+      >>> fingerprint(jnp.sin, jnp.ones(3)) == fingerprint(jnp.sin, jnp.ones(3))
+      True
+      >>> fingerprint(jnp.sin, jnp.ones(3)) == fingerprint(jnp.cos, jnp.ones(3))
+      False
+    """
+    text = str(jax.make_jaxpr(fn)(*args))
+    text = re.sub(r"0x[0-9a-f]+", "0x", text)  # object addresses in reprs
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

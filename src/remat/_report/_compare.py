@@ -1,0 +1,167 @@
+"""`remat.compare`: measure one program under several strategies, side by side."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from .._core._strategy import Strategy, as_strategy
+from ._report import Report, current_machine
+
+_BAD_STRATEGIES = (
+    "`remat.compare` got strategies={got!r}; expected a list of strategies (strings such as "
+    "'full' or 'names:a,b', policies, or `remat.Strategy`) or a dict {{label: strategy}}."
+)
+_DUPLICATE = (
+    "`remat.compare` got two strategies labelled {label!r}; pass a dict {{label: strategy}} "
+    "to give them distinct labels."
+)
+
+
+def strategy_label(strategy: object) -> str:
+    """The label a strategy gets in a report: the string itself, `Strategy.name`, or a name.
+
+    Example:
+      >>> import remat
+      >>> from remat._report._compare import strategy_label
+      >>> strategy_label("names:attn_out"), strategy_label(remat.Strategy("dots"))
+      ('names:attn_out', 'dots')
+    """
+    if isinstance(strategy, str):
+        return strategy
+    if isinstance(strategy, Strategy):
+        return strategy.name
+    return as_strategy(strategy, "remat.compare").name
+
+
+def _labelled(strategies: object) -> list[tuple[str, object]]:
+    if isinstance(strategies, Mapping):
+        entries = [(str(label), s) for label, s in strategies.items()]
+    elif isinstance(strategies, Sequence) and not isinstance(strategies, str | bytes):
+        entries = [(strategy_label(s), s) for s in strategies]
+    else:
+        raise TypeError(_BAD_STRATEGIES.format(got=strategies))
+    seen = set()
+    for label, strategy in entries:
+        if label in seen:
+            raise ValueError(_DUPLICATE.format(label=label))
+        seen.add(label)
+        as_strategy(strategy, "remat.compare")  # validate eagerly, before anything compiles
+    return entries
+
+
+def compare(
+    fn: Callable[..., Any],
+    *args: Any,
+    strategies: Sequence[object] | Mapping[str, object],
+    baseline: object = "none",
+    argnums: int | Sequence[int] = 0,
+    repeats: int = 5,
+    title: str = "",
+    progress: bool = True,
+) -> Report:
+    """Measures ``jax.value_and_grad(fn, argnums)`` under each strategy and the baseline.
+
+    Every strategy is applied with `remat.apply` and measured with `remat.measure` (compiled
+    memory, residuals, FLOPs with loop trip counts, and timings), one after the other in this
+    process; a progress bar (rich, on stderr, only on a terminal) shows which one compiles.
+
+    Args:
+      fn: a scalar-valued function; its layers should be a `lax.scan` (or `nnx.scan`,
+        `flax.linen.scan`, ...) for checkpointing to have an effect on every backend.
+      *args: the arguments to measure ``fn`` at.
+      strategies: a list of strategies (labelled by the string itself or `Strategy.name`)
+        or a dict ``{label: strategy}``.
+      baseline: the strategy, or the label of one of ``strategies``, that the others are
+        compared with; it is always measured (first, when not among ``strategies``).
+      argnums: which arguments to differentiate, as in `jax.grad`.
+      repeats: timed runs per strategy (after a warm-up); 0 skips timing.
+      title: what is being measured, shown above the table and the plot.
+      progress: show the progress bar (when stderr is a terminal).
+
+    Returns:
+      A `remat.Report` with one row per strategy, the baseline's row first.
+
+    Raises:
+      ValueError: a strategy is unknown, or two strategies have the same label.
+      TypeError: ``strategies`` is neither a list nor a dict.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def loss(w, x):
+      ...     h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, w)
+      ...     return jnp.sum(h**2)
+      >>> w, x = jnp.ones((4, 8, 8)) * 0.1, jnp.ones((2, 8))
+      >>> report = remat.compare(loss, w, x, strategies=["full"], repeats=0)
+      >>> report.labels, report.baseline
+      (('none', 'full'), 'none')
+    """
+    from .._measure._measure import _check_args, _check_scalar, measure
+
+    try:  # `remat.measure`'s input checks, named for `remat.compare`, before any compiling
+        _check_args(args, argnums, repeats)
+        _check_scalar(fn, args)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", "`remat.compare`")) from None
+    entries = _labelled(strategies)
+    labels = [label for label, _ in entries]
+    if isinstance(baseline, str) and baseline in labels:
+        base_label = baseline
+    else:
+        base_label = strategy_label(baseline)
+        if base_label not in labels:
+            entries.insert(0, (base_label, baseline))
+    # the baseline's row first, the others in the order given
+    entries.sort(key=lambda entry: entry[0] != base_label)
+
+    rows = []
+    with _progress(len(entries), enabled=progress) as advance:
+        for label, strategy in entries:
+            advance(label)
+            rows.append(
+                (
+                    label,
+                    measure(fn, *args, argnums=argnums, strategy=strategy, repeats=repeats),
+                )
+            )
+        advance(None)
+    return Report(rows=tuple(rows), baseline=base_label, machine=current_machine(), title=title)
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[str | None], None]]:
+    """Yields ``advance(label)``: marks the previous step done and shows ``label`` running."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    console = Console(stderr=True)
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not (enabled and console.is_terminal),
+    )
+    task = bar.add_task("measuring", total=total)
+    started = [False]
+
+    def advance(label: str | None) -> None:
+        if started[0]:
+            bar.advance(task)
+        started[0] = True
+        if label is not None:
+            bar.update(task, description=f"compiling and measuring [bold]{label}[/bold]")
+
+    with bar:
+        yield advance

@@ -1,0 +1,412 @@
+"""`remat.Report`: the measurements of several strategies side by side.
+
+A report is plain data: one `Measurement` per strategy label, the label of the baseline, and
+the machine it was measured on. It renders as a table (`Report.table`), finds the strategies
+on the memory/FLOPs Pareto front (`Report.pareto`), picks the cheapest strategy under a memory
+budget (`Report.cheapest`), round-trips through JSON exactly (`Report.to_json`,
+`Report.from_json`) and draws itself (`Report.plot`, see `_plot.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import numbers
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._core._budget import MIB
+from .._core._io import atomic_write_text
+from .._core._plain import from_plain
+from .._measure._measurement import Measurement
+from ._pareto import pareto_front
+
+_FORMAT = "remat.Report"
+_HEADERS = (
+    "strategy",
+    "peak MiB",
+    "peak ×base",
+    "residual MiB",
+    "GFLOPs",
+    "FLOPs ×base",
+    "ms/step",
+    "pareto",
+)
+_VERSION = 1
+
+_NO_ROWS = "`remat.Report` got no rows; expected at least the baseline's measurement."
+_DUPLICATE_LABEL = (
+    "`remat.Report` got the label {label!r} twice; every strategy needs a distinct label "
+    "(pass a dict {{label: strategy}} to `remat.compare` to choose them)."
+)
+_NO_BASELINE = (
+    "`remat.Report` got baseline={baseline!r}, which is not one of the row labels {labels}."
+)
+_NOT_A_REPORT = "`remat.Report.from_json` read {path}, which is not a remat report ({why})."
+_BAD_FRACTION = (
+    "`remat.Report.cheapest` got max_peak_fraction={got!r}; expected a number > 0, the budget "
+    "as a fraction of the baseline's peak, e.g. 0.5 for half the memory."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """Where a report was measured.
+
+    Attributes:
+      backend: JAX's default backend (``"cpu"``, ``"gpu"``, ``"tpu"``).
+      device_kind: the first device's kind, e.g. ``"cpu"`` or ``"NVIDIA H100 80GB HBM3"``.
+      device_count: number of devices JAX sees.
+      jax_version: ``jax.__version__``.
+      host: the host's operating system and CPU, with its number of cores.
+
+    Example:
+      >>> from remat import Machine
+      >>> Machine("gpu", "NVIDIA H100 80GB HBM3", 8, "0.10.2").describe()
+      'gpu (NVIDIA H100 80GB HBM3 x8), jax 0.10.2'
+    """
+
+    backend: str
+    device_kind: str
+    device_count: int
+    jax_version: str
+    host: str = ""
+
+    def describe(self) -> str:
+        """One line, e.g. ``"cpu (cpu x1), jax 0.10.2, Linux x86_64, AMD EPYC, 2 cores"``."""
+        text = f"{self.backend} ({self.device_kind} x{self.device_count}), jax {self.jax_version}"
+        return f"{text}, {self.host}" if self.host else text
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def current_machine() -> Machine:
+    """The `Machine` this process runs on (JAX's default backend)."""
+    import jax
+
+    device = jax.devices()[0]
+    host = f"{platform.system()} {platform.machine()}, {_cpu_model()}, {os.cpu_count()} cores"
+    return Machine(
+        backend=jax.default_backend(),
+        device_kind=str(device.device_kind),
+        device_count=jax.device_count(),
+        jax_version=jax.__version__,
+        host=host,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Measurements of several strategies of one program, with the baseline and the machine.
+
+    Usually made by `remat.compare`. Rows keep the order they were measured in.
+
+    Attributes:
+      rows: ``(label, Measurement)`` pairs, one per strategy, labels distinct.
+      baseline: the label of the row the others are compared with.
+      machine: where it was measured.
+      title: what was measured, e.g. ``"GPT: 4 layers, d_model 128, seq 128, batch 8"``.
+
+    Example:
+      >>> import remat
+      >>> from remat._report._report import Machine
+      >>> def row(peak, flops):
+      ...     return remat.Measurement(
+      ...         peak_bytes=peak, peak_source="peak_memory_in_bytes", temp_bytes=peak,
+      ...         argument_bytes=0, output_bytes=0, alias_bytes=0, residuals=(),
+      ...         residual_bytes=0, flops=flops, forward_flops=flops / 3,
+      ...         recompute_requested=False, recompute_eliminated=False,
+      ...         compile_seconds=0.1, seconds=None)
+      >>> report = remat.Report(
+      ...     rows=(("none", row(8 << 20, 3e9)), ("full", row(2 << 20, 4e9)),
+      ...           ("worse", row(9 << 20, 5e9))),
+      ...     baseline="none", machine=Machine("cpu", "cpu", 1, "0.10.2"))
+      >>> report.pareto()
+      ('none', 'full')
+      >>> report.cheapest(max_peak_fraction=0.5)
+      'full'
+    """
+
+    rows: tuple[tuple[str, Measurement], ...]
+    baseline: str
+    machine: Machine
+    title: str = ""
+
+    def __post_init__(self):
+        rows = tuple((str(label), m) for label, m in self.rows)
+        if not rows:
+            raise ValueError(_NO_ROWS)
+        labels = [label for label, _ in rows]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(_DUPLICATE_LABEL.format(label=label))
+        if self.baseline not in labels:
+            raise ValueError(_NO_BASELINE.format(baseline=self.baseline, labels=labels))
+        object.__setattr__(self, "rows", rows)
+
+    # --- access ---
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The strategy labels, in row order."""
+        return tuple(label for label, _ in self.rows)
+
+    def __getitem__(self, label: str) -> Measurement:
+        """The measurement of the strategy labelled ``label``."""
+        for name, measurement in self.rows:
+            if name == label:
+                return measurement
+        raise KeyError(f"`remat.Report` has no strategy {label!r}; it has {list(self.labels)}.")
+
+    @property
+    def num_devices(self) -> int:
+        """The most devices any row's program ran on; above 1, every number is per device."""
+        return max(getattr(m, "num_devices", 1) for _, m in self.rows)
+
+    @property
+    def per_device(self) -> bool:
+        """Whether the rows are SPMD programs over several devices (numbers per device)."""
+        return self.num_devices > 1
+
+    @property
+    def baseline_measurement(self) -> Measurement:
+        """The baseline's `Measurement`."""
+        return self[self.baseline]
+
+    # --- analysis ---
+
+    def pareto(self) -> tuple[str, ...]:
+        """Labels of the strategies on the peak-memory/step-FLOPs Pareto front, in row order.
+
+        A strategy is on the front when no other one has a lower or equal peak memory and
+        lower or equal FLOPs with one of them strictly lower.
+        """
+        points = [(m.peak_bytes, m.flops) for _, m in self.rows]
+        return tuple(self.rows[i][0] for i in pareto_front(points))
+
+    def cheapest(self, max_peak_fraction: float = 0.5) -> str | None:
+        """The strategy with the fewest FLOPs whose peak is at most a fraction of the baseline's.
+
+        Args:
+          max_peak_fraction: the memory budget as a fraction of the baseline's peak bytes.
+
+        Returns:
+          Its label (the lower peak breaks a FLOPs tie, then row order), or None when no
+          strategy fits.
+
+        Raises:
+          ValueError: ``max_peak_fraction`` is not a number > 0.
+        """
+        frac = max_peak_fraction
+        if isinstance(frac, bool) or not isinstance(frac, numbers.Real) or not frac > 0:
+            raise ValueError(_BAD_FRACTION.format(got=frac))
+        budget = max_peak_fraction * self.baseline_measurement.peak_bytes
+        fits = [(m.flops, m.peak_bytes, i) for i, (_, m) in enumerate(self.rows)]
+        fits = [f for f in fits if f[1] <= budget]
+        return self.rows[min(fits)[2]][0] if fits else None
+
+    # --- rendering ---
+
+    def table(self):
+        """A `rich.table.Table`: one row per strategy, relative to the baseline.
+
+        Columns: strategy, peak MiB, peak relative to the baseline, residual MiB, GFLOPs per
+        step, FLOPs relative to the baseline, median ms per step, and a mark (``*``) on the
+        Pareto front. A ``!`` after a label means XLA removed the recomputation the strategy
+        asked for (see `remat.measure`).
+        """
+        from rich.table import Table
+
+        title = self.title
+        if self.num_devices > 1:  # an SPMD program: every memory number is one device's
+            title = f"{title} (per device, {self.num_devices} devices)".strip()
+        table = Table(title=title or None, caption=self._caption(), caption_justify="left")
+        table.add_column("strategy", no_wrap=True)
+        for header in _HEADERS[1:-1]:
+            table.add_column(header, justify="right")
+        table.add_column(_HEADERS[-1], justify="center")
+        for cells in self._cells():
+            table.add_row(*cells)
+        return table
+
+    def markdown(self) -> str:
+        """The table as GitHub-flavoured Markdown, with the machine below it.
+
+        Example:
+          >>> from remat._report._report import Machine, Report
+          >>> import remat
+          >>> m = remat.Measurement(2**20, "x", 0, 0, 0, 0, (), 0, 1e9, 1e9, False, False, 0.0, None)
+          >>> print(Report((("none", m),), "none", Machine("cpu", "cpu", 1, "0.10.2")).markdown())
+          | strategy | peak MiB | peak ×base | residual MiB | GFLOPs | FLOPs ×base | ms/step | pareto |
+          |---|--:|--:|--:|--:|--:|--:|:-:|
+          | none (baseline) | 1.00 | 1.00× | 0.00 | 1.000 | 1.00× | - | * |
+          <BLANKLINE>
+          machine: cpu (cpu x1), jax 0.10.2<br>* on the peak-memory/FLOPs Pareto front
+        """
+        lines = [
+            "| " + " | ".join(_HEADERS) + " |",
+            "|---|" + "--:|" * (len(_HEADERS) - 2) + ":-:|",
+        ]
+        lines += ["| " + " | ".join(cells) + " |" for cells in self._cells()]
+        return "\n".join(lines) + "\n\n" + self._caption().replace("\n", "<br>")
+
+    def _cells(self) -> list[list[str]]:
+        base = self.baseline_measurement
+        front = set(self.pareto())
+        rows = []
+        for label, m in self.rows:
+            name = f"{label} (baseline)" if label == self.baseline else label
+            if m.recompute_eliminated:
+                name += " !"
+            rows.append(
+                [
+                    name,
+                    f"{m.peak_bytes / MIB:.2f}",
+                    _ratio(m.peak_bytes, base.peak_bytes),
+                    f"{m.residual_bytes / MIB:.2f}",
+                    f"{m.flops / 1e9:.3f}",
+                    _ratio(m.flops, base.flops),
+                    f"{m.seconds.median * 1e3:.1f}" if m.seconds else "-",
+                    "*" if label in front else "",
+                ]
+            )
+        return rows
+
+    def _caption(self) -> str:
+        lines = [f"machine: {self.machine.describe()}", "* on the peak-memory/FLOPs Pareto front"]
+        if self.num_devices > 1:
+            lines.append(
+                f"memory and FLOPs per device: XLA's analysis of the program partitioned over "
+                f"{self.num_devices} devices (SPMD)"
+            )
+        if any(m.recompute_eliminated for _, m in self.rows):
+            lines.append("! XLA removed the recomputation this strategy asked for")
+        return "\n".join(lines)
+
+    def render(self, width: int = 120) -> str:
+        """The table as plain text (no colour), ``width`` characters wide at most."""
+        from rich.console import Console
+
+        console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
+        console.print(self.table())
+        return console.file.getvalue()
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def plot(
+        self,
+        path: str | os.PathLike,
+        y: str = "flops",
+        extra: Sequence[tuple[str, float, float]] = (),
+        budget: float | None = None,
+        budget_label: str = "memory budget",
+        highlight: str | None = None,
+    ) -> Path:
+        """Draws peak memory against step FLOPs (or time) into a PNG, written atomically.
+
+        Every strategy is labelled, the Pareto front is drawn as a step line over the
+        region it dominates, and the baseline is marked with a star.
+
+        Args:
+          path: the PNG to write.
+          y: ``"flops"`` (GFLOPs per step) or ``"time"`` (median ms per step).
+          extra: more points to draw (e.g. the planner's plans), as
+            ``(label, peak_bytes, flops)`` or, for ``y="time"``, ``(label, peak_bytes,
+            seconds)``. They are drawn as diamonds and take part in the drawn front.
+          budget: a memory budget in bytes, drawn as a vertical dashed line.
+          budget_label: its legend entry.
+          highlight: the label of a point to circle (e.g. the strategy picked for a budget).
+
+        Returns:
+          ``path``.
+
+        Raises:
+          ValueError: ``y`` is neither ``"flops"`` nor ``"time"``, or ``y="time"`` and no
+            strategy was timed.
+        """
+        from ._plot import plot_report
+
+        return plot_report(
+            self,
+            path,
+            y=y,
+            extra=extra,
+            budget=budget,
+            budget_label=budget_label,
+            highlight=highlight,
+        )
+
+    # --- JSON ---
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data; `Report.from_dict` reverses it exactly."""
+        return {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "title": self.title,
+            "baseline": self.baseline,
+            "machine": dataclasses.asdict(self.machine),
+            "rows": [{"label": label, **dataclasses.asdict(m)} for label, m in self.rows],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        """The report that `Report.to_dict` returned ``data`` for."""
+        rows = tuple(
+            (row["label"], from_plain(Measurement, {k: v for k, v in row.items() if k != "label"}))
+            for row in data["rows"]
+        )
+        return cls(
+            rows=rows,
+            baseline=data["baseline"],
+            machine=from_plain(Machine, data["machine"]),
+            title=data.get("title", ""),
+        )
+
+    def to_json(self, path: str | os.PathLike) -> Path:
+        """Writes the report as JSON, atomically (temporary file, then rename).
+
+        Returns:
+          ``path``.
+        """
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Report:
+        """Reads a report that `Report.to_json` wrote; it compares equal to the one written.
+
+        Raises:
+          ValueError: the file is not a remat report.
+        """
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=f"invalid JSON: {err}")) from err
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=f"no 'format': {_FORMAT!r}"))
+        if data.get("version") != _VERSION:
+            raise ValueError(
+                _NOT_A_REPORT.format(path=path, why=f"version {data.get('version')!r}")
+            )
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, AttributeError) as err:
+            why = f"malformed: {type(err).__name__}: {err}"
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from err
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.2f}×" if base else "-"

@@ -1,0 +1,468 @@
+"""Rewriting the scans of a traced program: `remat.apply`, `remat.list_scans`, `rewrite_scans`.
+
+A function is traced to a jaxpr (once per input structure, shapes and dtypes), and the jaxpr is
+evaluated again by a small interpreter that binds every equation as it was, except ``scan``
+equations, which it hands to a *transform* and re-runs with `jax.lax.scan`. Layers written with
+`lax.scan`, `flax.linen.scan`, `nnx.scan` or an equinox-style scan over stacked layers all
+reach the jaxpr as ``scan`` equations, so one rewrite covers them all, without touching model
+code.
+
+The reusable core, for `apply` and for the planner:
+
+- `list_scans(fn, *args, **kwargs) -> list[ScanInfo]`: the scans of ``fn`` at these inputs.
+- `rewrite_scans(fn, transform, loop=None) -> fn2`: ``transform(info, body)`` is called for
+  every scan, where ``body(consts, carry, xs) -> (new_carry, ys)`` (flat lists of arrays)
+  evaluates the scan's body jaxpr, with its own scans already rewritten. The transform
+  returns a new body with the same signature (e.g. ``jax.checkpoint(body, policy=...)``),
+  or None to leave the scan as it was. To tag values for a policy, call
+  ``body(consts, carry, xs, tag=tag)``: ``tag(eqn, i, value) -> value`` sees the ``i``-th
+  output of every equation of ``info.jaxpr`` (the body; inputs ``consts + carry + xs``) and
+  may wrap it with `jax.ad_checkpoint.checkpoint_name`; or evaluate ``info.jaxpr`` yourself. ``loop(info, body, consts,
+  init, xs) -> (carry, ys)`` replaces `lax.scan` for running a rewritten scan.
+- `apply(fn, strategy)` is `rewrite_scans` with a transform that checkpoints the body.
+
+Positions and names (defined in `_scan_info.py`). Scans are numbered 0, 1, ... in
+depth-first order of appearance. A scan's *name* is the innermost `jax.named_scope` /
+`jax.named_call` (or `jax.jit`-ed function's name) opened between the enclosing scan body
+(or the program itself) and the scan, ``""`` if none; ``info.path`` is the chain of such
+names from the program's root. A string in `remat.Strategy.scans` selects the scans whose
+``name`` or ``"/".join(path)`` equals it.
+
+The interpreter looks into the sub-programs of ``jit``, ``closed_call``, ``checkpoint``
+(`jax.checkpoint`) and ``cond``; those that contain scans are evaluated again: a ``jit`` is
+bound again with its own parameters (name, shardings, donation) on the rewritten sub-program,
+``closed_call`` is inlined, ``checkpoint`` and ``cond`` are rebuilt with `jax.checkpoint` and
+`lax.switch`.
+Scans inside ``custom_jvp``/``custom_vjp`` functions, ``while_loop`` and ``shard_map`` are left
+alone and not listed: autodiff does not differentiate through them (custom rules, no reverse
+mode) or they are out of this module's scope.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import source_info_util
+from jax.extend import core as jcore
+
+from .._core._strategy import Strategy, as_strategy, resolve_policy
+from .._core._warnings import RematWarning
+from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
+from ._scan_info import _source as _source  # imported from here by `_costmodel`
+
+_P = jcore.primitives
+_count = count  # the number of scans in a jaxpr; imported from here by `_tag`
+
+Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
+
+
+### Tracing
+
+
+def _is_array(x) -> bool:
+    """Array leaves are traced; every other leaf (Python numbers, strings, ...) is static."""
+    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
+
+
+def _aval(x) -> tuple[Any, ...]:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.shape, x.dtype, bool(getattr(x, "weak_type", False))
+    aval = jax.typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type
+
+
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    jaxpr: jcore.ClosedJaxpr
+    out_tree: Any
+    scans: tuple[ScanInfo, ...]
+
+
+def _split_args(args, kwargs):
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    dynamic = [x for x in leaves if _is_array(x)]
+    avals = tuple(_aval(x) for x in dynamic)
+    static = tuple(None if _is_array(x) else (type(x), x) for x in leaves)
+    return leaves, treedef, dynamic, (treedef, static, avals)
+
+
+def _trace(fn, leaves, treedef) -> _Traced:
+    is_dyn = [_is_array(x) for x in leaves]
+
+    def flat(*dynamic):
+        it = iter(dynamic)
+        full = [next(it) if d else x for x, d in zip(leaves, is_dyn, strict=True)]
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+        return fn(*args, **kwargs)
+
+    specs = [
+        jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+        for shape, dtype, weak in (_aval(x) for x, d in zip(leaves, is_dyn, strict=True) if d)
+    ]
+    closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
+    scans: list[ScanInfo] = []
+    walk(closed.jaxpr, 0, (), (), scans, {})
+    return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
+
+
+def _rewritten(fn, evaluator):
+    """``fn2(*args, **kwargs)``: traces ``fn`` (cached per input structure, shapes and dtypes),
+    then runs ``evaluator(traced)(*arrays)``, the rewritten program on the array leaves.
+
+    Called on concrete arrays, the evaluation is compiled with `jax.jit` (once per cache
+    entry), so that eager calls do not re-trace every rewritten scan op by op; under an
+    outer transformation (`jit`, `grad`, `vmap`) it is traced inline.
+    """
+    cache: dict[Any, tuple[_Traced, Callable[..., Any], Callable[..., Any]]] = {}
+
+    def entry(leaves, treedef):
+        traced = _trace(fn, leaves, treedef)
+        run = evaluator(traced)
+        return traced, run, jax.jit(run)
+
+    @functools.wraps(fn)
+    def fn2(*args, **kwargs):
+        leaves, treedef, dynamic, key = _split_args(args, kwargs)
+        try:
+            hash(key)
+        except TypeError:  # an unhashable static argument: trace every time
+            found = entry(leaves, treedef)
+        else:
+            if key not in cache:
+                cache[key] = entry(leaves, treedef)
+            found = cache[key]
+        traced, run, jitted = found
+        eager = not any(isinstance(x, jax.core.Tracer) for x in dynamic)
+        outs = (jitted if eager else run)(*dynamic)
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    return fn2
+
+
+_NOT_CALLABLE = "`{where}` got fn={got!r}, which is not callable; pass the function to rewrite."
+
+
+def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanInfo]:
+    """Lists the scans of ``fn`` traced at ``args``/``kwargs``, in depth-first order.
+
+    Use it to find the positions and names to put in `remat.Strategy(scans=...)`.
+
+    Args:
+      fn: the function; it is traced, not run.
+      *args: positional arguments: arrays, or `jax.ShapeDtypeStruct` to avoid allocating.
+      **kwargs: keyword arguments.
+
+    Returns:
+      One `ScanInfo` per scan (see the module docstring for names and positions).
+
+    Raises:
+      TypeError: if ``fn`` is not callable.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def f(x, ws):
+      ...     with jax.named_scope("layers"):
+      ...         return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)[0]
+      >>> [(s.position, s.name, s.length) for s in remat.list_scans(f, jnp.ones(2), jnp.ones((3, 2, 2)))]
+      [(0, 'layers', 3)]
+    """
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(where="remat.list_scans", got=fn))
+    leaves, treedef, _, _ = _split_args(args, kwargs)
+    return list(_trace(fn, leaves, treedef).scans)
+
+
+### Interpreter
+
+Transform = Callable[[ScanInfo, Body], Body | None]
+Loop = Callable[[ScanInfo, Body, list[Any], list[Any], list[Any]], tuple[list[Any], list[Any]]]
+
+
+def lax_loop(info: ScanInfo, body: Body, consts, init, xs):
+    """Runs ``body`` with `lax.scan` and the scan's own length, direction and unroll.
+
+    JAX 0.10's ``scan`` equation has no ``_split_transpose`` parameter (`lax.scan` accepts the
+    argument and ignores it), so there is nothing else to carry over.
+    """
+
+    def step(carry, x):
+        return body(consts, carry, x)
+
+    return lax.scan(
+        step, list(init), list(xs), length=info.length, reverse=info.reverse, unroll=info.unroll
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Interpreter:
+    transform: Transform
+    loop: Loop
+    memo: dict[int, int]
+
+    def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel, tag=None) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(v):
+            return v.val if isinstance(v, jcore.Literal) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args, strict=True):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+            with (
+                source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+                eqn.ctx.manager,
+            ):
+                outs = self.eval_eqn(eqn, invals, base, path, rel)
+            base += count_eqn(eqn, self.memo)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            if tag is not None:
+                outs = [tag(eqn, i, x) for i, x in enumerate(outs)]
+            for v, x in zip(eqn.outvars, outs, strict=True):
+                if not isinstance(v, jcore.DropVar):
+                    env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    def eval_eqn(self, eqn, invals, base, path, rel):
+        prim, params = eqn.primitive, eqn.params
+        subs = sub_jaxprs(eqn)
+        if prim is _P.scan_p:
+            return self.eval_scan(eqn, invals, base, path, rel)
+        if not subs or not any(count(j, self.memo) for j in subs):
+            return prim.bind(*invals, **prim.get_bind_params(params))
+        inner_path, inner_rel = inner_scope(eqn, path, rel)
+
+        def run(j, consts, b):
+            return lambda *a: self.eval(j, consts, a, b, inner_path, inner_rel)
+
+        if prim is _P.jit_p:  # the same jit (name, shardings, donation) on the rewritten program
+            closed = params["jaxpr"]
+            new = jax.make_jaxpr(run(closed.jaxpr, closed.consts, base))(*closed.in_avals)
+            return prim.bind(*invals, **dict(params, jaxpr=new))
+        if prim is _P.closed_call_p:
+            closed = params["call_jaxpr"]
+            return run(closed.jaxpr, closed.consts, base)(*invals)
+        if prim is _P.call_p:
+            return run(params["call_jaxpr"], (), base)(*invals)
+        if prim is _P.remat_p:
+            f = run(params["jaxpr"], (), base)
+            return jax.checkpoint(f, prevent_cse=params["prevent_cse"], policy=params["policy"])(
+                *invals
+            )
+        # cond: index, *operands
+        fns, b = [], base
+        for branch in params["branches"]:
+            fns.append(run(branch.jaxpr, branch.consts, b))
+            b += count(branch.jaxpr, self.memo)
+        return lax.switch(invals[0], fns, *invals[1:])
+
+    def eval_scan(self, eqn, invals, base, path, rel):
+        info = scan_info(eqn, base, path, rel)
+        closed = info.jaxpr
+        n_inner = count(closed.jaxpr, self.memo)
+
+        def body(consts, carry, xs, tag=None):
+            outs = self.eval(
+                closed.jaxpr, closed.consts, [*consts, *carry, *xs], base + 1, info.path, (), tag
+            )
+            return list(outs[: info.num_carry]), list(outs[info.num_carry :])
+
+        new_body = self.transform(info, body)
+        if new_body is None and not n_inner:
+            return eqn.primitive.bind(*invals, **eqn.params)
+        nc, nk = info.num_consts, info.num_carry
+        consts, init, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
+        carry, ys = self.loop(info, body if new_body is None else new_body, consts, init, xs)
+        return [*carry, *ys]
+
+
+def rewrite_scans(
+    fn: Callable[..., Any], transform: Transform, loop: Loop | None = None
+) -> Callable[..., Any]:
+    """Returns ``fn`` with every scan's body replaced by ``transform(info, body)``.
+
+    Args:
+      fn: the function to rewrite; any pytree arguments and outputs.
+      transform: called once per scan (at each trace) with its `ScanInfo` and
+        ``body(consts, carry, xs, tag=None) -> (new_carry, ys)`` (see the module
+        docstring for ``tag``); returns a new ``(consts, carry, xs)`` body, or None to keep
+        the scan as it was.
+      loop: runs a rewritten scan: ``loop(info, body, consts, init, xs) -> (carry, ys)``;
+        default `lax_loop` (`lax.scan` with the scan's length, reverse and unroll).
+
+    Returns:
+      A function with ``fn``'s signature and output structure.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._rewrite import rewrite_scans
+      >>> f = lambda x: jax.lax.scan(lambda c, _: (c * 2, None), x, length=3)[0]
+      >>> seen = []
+      >>> g = rewrite_scans(f, lambda info, body: seen.append(info.length))
+      >>> float(g(1.0)), seen
+      (8.0, [3])
+    """
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(where="remat.rewrite_scans", got=fn))
+    run = loop or lax_loop
+
+    def evaluator(traced: _Traced):
+        closed = traced.jaxpr
+
+        def evaluate(*dynamic):
+            interp = _Interpreter(transform, run, {})
+            return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
+
+        return evaluate
+
+    return _rewritten(fn, evaluator)
+
+
+### apply
+
+_NO_SCAN = (
+    "`remat.apply` found no `scan` in {name}, so strategy {strategy!r} is applied to the whole "
+    "function. This rarely saves memory: the backward pass needs the recomputed values all at "
+    "once, and on the CPU backend XLA removes a checkpoint outside a loop altogether. Put the "
+    "layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) to checkpoint per layer."
+)
+_NO_MATCH = (
+    "`remat.apply` got Strategy(scans={scans!r}), but {missing!r} matches no scan of {name}. "
+    "Its scans are: {listing}. Use `remat.list_scans(fn, *args)` to list them, and select by "
+    "position (int) or by name (str)."
+)
+
+
+def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
+    if strategy.scans is None:
+        return lambda info: True
+    for s in strategy.scans:
+        if isinstance(s, int):
+            ok = 0 <= s < len(scans)
+        else:
+            ok = any(s in (i.name, "/".join(i.path)) for i in scans)
+        if not ok:
+            listing = ", ".join(f"{i.position}: {i.name or '(no name)'}" for i in scans)
+            raise ValueError(
+                _NO_MATCH.format(
+                    scans=strategy.scans, missing=s, name=name, listing=listing or "none"
+                )
+            )
+    wanted = set(strategy.scans)
+    return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
+
+
+def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callable[..., Any]:
+    """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
+
+    ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
+    ``scan`` in it (or those ``Strategy.scans`` selects, by position or name; see
+    `remat.list_scans`) runs its body under ``jax.checkpoint(body, policy=...,
+    prevent_cse=False)``: `lax.scan` already keeps XLA from merging the recomputation with
+    the forward pass, so the CSE barrier is not needed inside a scan (as `jax.checkpoint`'s
+    documentation recommends). A `Strategy` with a schedule other than ``"per_step"`` runs
+    the scan with `remat.scan` (``"none"``: a plain `lax.scan`). A program without any scan
+    gets the policy on the whole function (``prevent_cse=True``), with a `RematWarning`.
+
+    Args:
+      fn: the function; pytree arguments, keyword arguments and pytree outputs.
+      strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
+        ``"everything"``, ``"names:a,b"``, ``"offload:a,b"``), a policy callable, or a
+        `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
+        as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
+        ``remat.apply(strategy=...)`` is a decorator.
+
+    Returns:
+      A function with ``fn``'s signature and output structure, whose values and gradients
+      equal ``fn``'s; it works under `jax.jit`, `jax.grad` and `jax.vmap`.
+
+    Raises:
+      TypeError: if ``fn`` is not callable.
+      ValueError: for an unknown strategy, or (when called) a ``Strategy.scans`` entry that
+        matches no scan.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def loss(ws, x):
+      ...     x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
+      ...     return x.sum()
+      >>> ws, x = jnp.ones((4, 3, 3)) * 0.1, jnp.ones(3)
+      >>> g = jax.grad(remat.apply(loss, "full"))(ws, x)
+      >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
+      True
+    """
+    if fn is None:
+        as_strategy(strategy, "remat.apply")  # validate now, not when decorating
+        return functools.partial(apply, strategy=strategy)
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
+    strategy = as_strategy(strategy, "remat.apply")
+    policy = resolve_policy(strategy.policy, "remat.apply")
+    schedule = strategy.schedule
+    name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
+    if schedule == "none" or (policy is None and schedule == "per_step"):
+        return fn  # plain scans, no checkpoint: nothing to rewrite
+
+    def transform_for(select):
+        def transform(info: ScanInfo, body: Body) -> Body | None:
+            if not select(info):
+                return None
+            if schedule != "per_step":
+                return body  # the schedule's loop checkpoints it (see `loop`)
+            return jax.checkpoint(body, policy=policy, prevent_cse=False)
+
+        def loop(info, body, consts, init, xs):
+            if not select(info) or schedule == "per_step":
+                return lax_loop(info, body, consts, init, xs)
+            from .._scan._scan import scan  # imported when first needed
+
+            def step(carry, x):
+                new, ys = body(consts, carry, x)
+                return type(carry)(new), ys  # the same sequence type as handed in
+
+            return scan(
+                step,
+                list(init),
+                list(xs),
+                length=info.length,
+                reverse=info.reverse,
+                schedule=schedule,
+                policy=strategy.policy,
+            )
+
+        return transform, loop
+
+    def evaluator(traced: _Traced):
+        closed = traced.jaxpr
+        select = _selector(strategy, traced.scans, name)  # raises for a selection of nothing
+        if not traced.scans:
+            interp = _Interpreter(lambda info, body: None, lax_loop, {})
+
+            def whole(*dynamic):
+                return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
+
+            if policy is None:  # a schedule without a per-step policy: nothing to apply
+                return whole
+            # Warned once per input structure, when `fn2` first sees it.
+            warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=4)
+            return jax.checkpoint(whole, policy=policy, prevent_cse=True)
+        transform, loop = transform_for(select)
+
+        def evaluate(*dynamic):
+            interp = _Interpreter(transform, loop, {})
+            return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
+
+        return evaluate
+
+    return _rewritten(fn, evaluator)

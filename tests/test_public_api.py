@@ -1,0 +1,93 @@
+"""The public names: what `import remat` and `remat.recipes` offer, and plan files that load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat
+from remat import recipes
+
+DATA = Path(__file__).resolve().parent / "data"
+
+PUBLIC = [
+    "Action",
+    "Binomial",
+    "Finding",
+    "InfeasibleBudget",
+    "Machine",
+    "Measurement",
+    "Nested",
+    "Plan",
+    "RematWarning",
+    "Report",
+    "Residual",
+    "STRATEGY_NAMES",
+    "ScanInfo",
+    "Strategy",
+    "Timing",
+    "apply",
+    "compare",
+    "lint",
+    "list_scans",
+    "load_plan",
+    "measure",
+    "per_device_bytes",
+    "plan",
+    "recipes",
+    "revolve_cost",
+    "revolve_schedule",
+    "rewrite_scans",
+    "scan",
+]
+RECIPES = [
+    "checkpoint_forward",
+    "checkpointed_block_grad",
+    "grad_checkpointed_stack",
+    "nn_checkpoint_forward",
+    "nn_remat_policy",
+]
+
+
+def test_public_names():
+    assert sorted(remat.__all__) == sorted(set(PUBLIC) - {"recipes"})
+    assert sorted(n for n in dir(remat) if not n.startswith("_")) == PUBLIC
+    assert all(getattr(remat, n) is not None for n in remat.__all__)
+
+
+def test_recipe_names():
+    assert sorted(recipes.__all__) == RECIPES
+    assert all(callable(getattr(recipes, n)) for n in RECIPES)
+
+
+def test_console_script_entry_point():
+    from remat._cli import main
+
+    assert callable(main)
+
+
+def loss(ws, x):
+    """The function the plan files in tests/data were made for (with `ARGS`)."""
+    x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
+    return (x**2).sum()
+
+
+ARGS = (jnp.ones((64, 8, 8)) * 0.1, jnp.ones((64, 8)))
+
+
+@pytest.mark.parametrize(
+    ("name", "schedule"),
+    [("plan_v1_nested.json", remat.Nested(2)), ("plan_v1_binomial.json", remat.Binomial(8))],
+)
+def test_plan_files_of_format_1_still_load(name, schedule):
+    """Plans written by version 0.1.0 (format 1) load, and the loaded plan computes `loss`."""
+    p = remat.load_plan(DATA / name, loss, *ARGS)
+    assert [s.schedule for s in p.scans] == [schedule]
+    assert p.scans[0].names == ("remat_s0_e0",)
+    assert p.measured is not None and p.measured_peak_bytes <= p.budget_bytes
+    assert bool(jnp.allclose(p.fn(*ARGS), loss(*ARGS)))
+    got, want = jax.grad(p.fn)(*ARGS), jax.grad(loss)(*ARGS)
+    assert bool(jnp.allclose(got, want, rtol=1e-5, atol=1e-6))
