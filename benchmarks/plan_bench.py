@@ -443,7 +443,7 @@ NOTES = [
     "per-step floor (every step recomputed) only they fit. A `Binomial` step being reversed "
     "saves all its residuals (`everything_saveable` on the step as written: the same "
     "compiled memory as the named `everything` strategy with that schedule, as "
-    "`tests/test_plan.py` checks), and each `Binomial` option is compiled once and charged "
+    "`tests/_plan/test_plan.py` checks), and each `Binomial` option is compiled once and charged "
     "what it keeps beyond the model, as `Nested` options are.",
 ]
 

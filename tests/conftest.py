@@ -6,6 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from remat._core._budget import MIB
+from remat._measure._measurement import Measurement, Timing
+
 jax.config.update("jax_enable_x64", False)
 
 # (rtol, atol) per dtype: loose enough for reassociation, tight enough to catch a wrong gradient.
@@ -93,3 +96,40 @@ def nnx_stack(layers: int, width: int):
         return jnp.sum(run(x, blocks) ** 2)
 
     return loss, state
+
+
+### Report rows (hand-made measurements, shared by the report and CLI tests)
+
+
+def row(peak_mib, gflops, ms=10.0, residuals=(), eliminated=False, timed=True):
+    peak = int(peak_mib * MIB)
+    return Measurement(
+        peak_bytes=peak,
+        peak_source="temp+argument+output-alias",
+        temp_bytes=peak - 1000,
+        argument_bytes=600,
+        output_bytes=500,
+        alias_bytes=100,
+        residuals=tuple(residuals),
+        residual_bytes=sum(r.total_bytes for r in residuals),
+        flops=gflops * 1e9,
+        forward_flops=gflops * 1e9 / 3,
+        recompute_requested=True,
+        recompute_eliminated=eliminated,
+        compile_seconds=0.25,
+        seconds=Timing(ms / 1e3, ms / 1e3 * 0.9, ms / 1e3 * 1.3, 3) if timed else None,
+        strategy="x",
+    )
+
+
+# peak MiB, GFLOPs: the front (hand-worked) is none/everything (tie), dots, full, binomial.
+ROWS = (
+    ("none", row(40, 3.0, 20)),
+    ("everything", row(40, 3.0, 21)),
+    ("full", row(12, 4.0, 27)),
+    ("dots", row(22, 3.05, 22)),
+    ("dots_no_batch", row(23, 3.3, 23)),  # dominated by dots
+    ("names:qkv,attn_out", row(25, 3.5, 24, eliminated=True)),  # dominated by dots
+    ("full+binomial(2)", row(8, 5.0, 33)),
+    ("worse_than_full", row(12, 4.5, 30)),  # same peak as full, more FLOPs
+)

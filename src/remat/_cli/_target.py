@@ -69,7 +69,7 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
       ``(fn, args)`` with ``fn`` callable and ``args`` a tuple.
 
     Raises:
-      remat._cli._cli.CliError: (exit code 2) with a one-line message when the file or module
+      remat._cli._errors.CliError: (exit code 2) with a one-line message when the file or module
         does not exist or fails to import, the factory does not exist or is not callable,
         the factory raises, or it returns anything but ``(callable, tuple)``.
 

@@ -107,7 +107,7 @@ class Plan:
 
         return plan_table(self)
 
-    def exto_plain(self, width: int = 110) -> str:
+    def explain(self, width: int = 110) -> str:
         """A readable account of the plan: per scan, the schedule and each saved value.
 
         Per scan: its source, length, schedule and recomputed FLOPs, and a table of the values
@@ -122,7 +122,7 @@ class Plan:
         return console.export_text()
 
     def __str__(self) -> str:
-        return self.exto_plain()
+        return self.explain()
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data (without ``fn``)."""

@@ -62,7 +62,7 @@ def test_demo_relaunch_repeats_the_command_line():
 
 @pytest.mark.slow
 def test_remat_demo_sharded_end_to_end(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent / "src"))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2] / "src"))
     done = subprocess.run(
         [sys.executable, "-m", "remat", "demo", "--sharded", "--layers", "2", "--d-model", "16",
          "--seq", "8", "--batch", "8", "--heads", "2", "--repeats", "0", "--out", str(tmp_path)],

@@ -1,4 +1,4 @@
-"""Sharded programs on 8 CPU devices, run in a child process (tests/sharded_cases.py).
+"""Sharded programs on 8 CPU devices, run in a child process (tests/_shard/sharded_cases.py).
 
 This process keeps its one device; the child sets XLA_FLAGS before importing JAX and prints
 one JSON object with every case's result, which the tests below read.
@@ -19,10 +19,10 @@ MiB = 2**20
 
 
 def run_cases(*names):
-    """Runs tests/sharded_cases.py (the given cases, or all but the slow ones) on 8 devices."""
+    """Runs tests/_shard/sharded_cases.py (the given cases, or all but the slow ones) on 8 devices."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(HERE.parent / "src"), env.get("PYTHONPATH", "")) if p
+        p for p in (str(HERE.parents[1] / "src"), env.get("PYTHONPATH", "")) if p
     )
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     done = subprocess.run(

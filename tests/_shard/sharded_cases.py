@@ -1,6 +1,6 @@
 """Cases for test_sharded.py, run in a process of their own with 8 CPU devices.
 
-Usage: ``python tests/sharded_cases.py [case ...]`` prints one JSON object on stdout,
+Usage: ``python tests/_shard/sharded_cases.py [case ...]`` prints one JSON object on stdout,
 ``{case: result}``, where a result is a dict of plain numbers and flags, or
 ``{"error": "...", "traceback": "..."}`` when the case raised. The test process keeps one
 device; only this process sees eight (XLA_FLAGS must be set before JAX starts).
@@ -21,7 +21,7 @@ if __name__ == "__main__":  # not when pytest imports this file to look for doct
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # conftest helpers
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # conftest
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +36,7 @@ from remat._shard._sharding import program_shardings
 
 CASES = {}
 SLOW = ("gpt_sharded_grads_equal_unsharded",)  # run by the slow test only
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GPT = dict(layers=2, d_model=16, seq=8, batch=8, heads=2, vocab=32)
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from remat._cli._cli import EXIT_USAGE, CliError, main
+from remat._cli._cli import main
 from remat._cli._cli_compare import parse_argnums, parse_strategy, split_strategies
 from remat._cli._cli_demo import pick_sentence
+from remat._cli._errors import EXIT_USAGE, CliError
 from remat._cli._target import load_target
 
 GOOD = """
@@ -83,7 +84,7 @@ def test_bad_target_from_a_real_process(tmp_path):
         [sys.executable, "-m", "remat", "measure", str(tmp_path / "nothing.py:make")],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(Path(__file__).parents[1] / "src"), "JAX_PLATFORMS": "cpu"},
+        env={"PYTHONPATH": str(Path(__file__).parents[2] / "src"), "JAX_PLATFORMS": "cpu"},
         timeout=120,
     )
     assert result.returncode == 2
@@ -173,9 +174,9 @@ def test_compare_and_measure_commands_agree(target_file, tmp_path, capsys):
 
 
 def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypatch):
+    from conftest import ROWS
     from remat import Report
     from remat._report._report import Machine
-    from test_report import ROWS
 
     seen = {}
 

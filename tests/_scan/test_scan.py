@@ -269,7 +269,7 @@ def test_zero_length_scan_is_plain():
 def test_apply_switches_an_nnx_layer_stack_to_binomial():
     """`remat.apply(fn, Strategy(schedule=Binomial(8)))` on an `nnx.scan` stack: same
     gradients as the plain stack, less compiled temp memory than plain and per-step
-    checkpointing. (`Nested` through `apply` is tested in tests/test_rewrite.py.)"""
+    checkpointing. (`Nested` through `apply` is tested in tests/_trace/test_rewrite.py.)"""
     layers, batch, width = 32, 8, 16
     loss, state = nnx_stack(layers, width)
     x = jax.random.normal(jax.random.key(1), (batch, width))
