@@ -71,9 +71,8 @@ def _inexact(tree) -> bool:
 
 def findings_from_measurement(measurement, checkpoints: list[walk.Site]) -> list[Finding]:
     """RM005 or RM009 findings for a `remat.Measurement`, at the checkpoints outside loops."""
-    if measurement.recompute_requested and measurement.saves_nothing:
-        if not measurement.recompute_eliminated:
-            return _saves_nothing(measurement, checkpoints)
+    if measurement.saves_nothing and not measurement.recompute_eliminated:
+        return _saves_nothing(measurement, checkpoints)
     if not (measurement.recompute_requested and measurement.recompute_eliminated):
         return []
     backend = measurement.backend
