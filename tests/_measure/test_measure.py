@@ -178,7 +178,9 @@ class FakeCompiled:
 @pytest.mark.parametrize(
     "reported, peak, source",
     [
-        (150, 150, "peak_memory_in_bytes"),  # >= temp + argument - alias: a real peak
+        # On CPU the backend's figure is never taken: it leaves the temporaries out even when
+        # it is above temp + argument - alias (see remat._measure._peak).
+        (150, 152, "temp+argument+output-alias"),
         (0, 152, "temp+argument+output-alias"),  # not reported
         (60, 152, "temp+argument+output-alias"),  # leaves the temporaries out (CPU)
     ],

@@ -135,3 +135,14 @@ def test_planner_reads_shardings_declared_by_jit(cases):
     assert out["devices"] == 8 and out["fits"] and out["grads_equal"]
     assert out["measured_devices"] == 8
     assert out["residual_bytes"] == [256 // 8 * 32 * 4]  # measure's residuals, per device
+
+
+def test_per_device_plans_fit_an_output_dominated_stack(cases):
+    out = result(cases, "plan_fits_per_device_output_dominated")
+    for fraction in ("0.9", "0.7"):
+        r = out[fraction]
+        if r["infeasible"]:
+            assert r["smallest"] > r["budget"]
+            continue
+        assert r["devices"] == 8
+        assert r["compiled"] == r["measured"] <= r["budget"], r

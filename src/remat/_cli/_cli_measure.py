@@ -75,6 +75,13 @@ def _print(m, target: str) -> None:
             "[bold]note:[/bold] XLA removed the recomputation this strategy asked for; "
             "move the layers into a scan for checkpointing to take effect."
         )
+    elif m.saves_nothing:
+        console.print(
+            f"[bold]note:[/bold] the checkpoints recompute, but the peak "
+            f"({m.peak_bytes / MIB:.2f} MiB) is not 2% below the "
+            f"{m.plain_peak_bytes / MIB:.2f} MiB of the program without them: no memory saved; "
+            "move the layers into a scan for checkpointing to take effect."
+        )
     if m.residuals:
         table = Table(title="largest residuals", title_justify="left")
         for col in ("shape", "dtype", "× copies", "MiB total", "primitive", "name", "source"):

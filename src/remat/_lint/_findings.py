@@ -72,6 +72,12 @@ CODES: dict[str, tuple[str, str]] = {
         "during the backward pass of that scan all of its per-step residuals are rebuilt "
         "and held at once, so peak memory does not drop",
     ),
+    "RM009": (
+        "checkpoint recomputes but the peak does not fall",
+        "the compiled step does the extra work (more FLOPs) yet its peak is not 2% below the "
+        "same program without checkpoints: outside a loop XLA may schedule the recomputation "
+        "early, so the recomputed values live as long as the originals",
+    ),
     "RM008": (
         "inner checkpoint policy overridden by the outer checkpoint",
         "JAX applies the outer policy to everything inside it when choosing residuals, so "

@@ -70,7 +70,9 @@ def _inexact(tree) -> bool:
 
 
 def findings_from_measurement(measurement, checkpoints: list[walk.Site]) -> list[Finding]:
-    """RM005 findings for a `remat.Measurement`, placed at the checkpoints outside loops."""
+    """RM005 or RM009 findings for a `remat.Measurement`, at the checkpoints outside loops."""
+    if measurement.saves_nothing and not measurement.recompute_eliminated:
+        return _saves_nothing(measurement, checkpoints)
     if not (measurement.recompute_requested and measurement.recompute_eliminated):
         return []
     backend = measurement.backend
@@ -86,3 +88,21 @@ def findings_from_measurement(measurement, checkpoints: list[walk.Site]) -> list
         )
         for site in where
     ]
+
+
+def _saves_nothing(measurement, checkpoints: list[walk.Site]) -> list[Finding]:
+    mib = 2**20
+    ratio = measurement.flops / measurement.plain_flops if measurement.plain_flops else None
+    extra = f"{ratio:.2f}x the FLOPs" if ratio else "extra FLOPs"
+    message = (
+        f"this checkpoint recomputes ({extra} of the program without checkpoints) but the "
+        f"compiled peak is {measurement.peak_bytes / mib:.2f} MiB against "
+        f"{measurement.plain_peak_bytes / mib:.2f} MiB without checkpoints: no memory saved"
+    )
+    fix = (
+        "put the layers in a lax.scan (nn.scan / nnx.scan) and checkpoint its body, e.g. "
+        "remat.apply(fn, strategy)"
+    )
+    outside_loops = [s for s in checkpoints if s.loops == 0 and s.checkpoint is None]
+    where = outside_loops or [s for s in checkpoints if s.checkpoint is None][:1]
+    return [Finding("RM009", message, walk.source(site.eqn), fix) for site in where]

@@ -29,7 +29,8 @@ from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
 from .._trace._checkpoints import recompute_requested, strip_checkpoints, traced_dot_flops
 from ._hlo import hlo_flops
-from ._measurement import Measurement, Timing
+from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
+from ._peak import compiled_memory, peak_bytes
 from ._residuals import saved_residuals
 
 _NOT_CALLABLE = "`remat.measure` got fn={got!r}, which is not callable; pass the loss function."
@@ -59,9 +60,18 @@ _BAD_REPEATS = "`remat.measure` got repeats={got!r}; pass an int >= 0 (0 skips t
 _ELIMINATED = (
     "`remat.measure`: the checkpoints in {name} ask for recomputation, but the compiled program "
     "contains none (its matmul FLOPs, {flops:.4g}, are not above those of the program without "
-    "checkpoints, {plain:.4g}), so they save no memory. {cause} Fix: put the layers in a "
+    "checkpoints, {plain:.4g}), so they save no memory (compiled peak {peak:.2f} MiB, "
+    "{plain_peak:.2f} MiB without checkpoints). {cause} Fix: put the layers in a "
     "`jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) and checkpoint the scan body, e.g. "
     "with `remat.apply(fn, strategy)`; inside a loop, the recomputation survives compilation."
+)
+_SAVES_NOTHING = (
+    "`remat.measure`: the checkpoints in {name} recompute, but the compiled peak, {peak:.2f} MiB, "
+    "is not 2% below the {plain:.2f} MiB of the same program without checkpoints: they add "
+    "work and save no memory. Outside a loop XLA is free to schedule every recomputation early, so "
+    "the recomputed values live as long as the originals. Fix: put the layers in a "
+    "`jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) and checkpoint the scan body, e.g. with "
+    "`remat.apply(fn, strategy)`."
 )
 _CAUSE_CPU = (
     "Cause: on the CPU backend XLA expands the optimisation barriers of `jax.checkpoint` before "
@@ -74,11 +84,11 @@ _CAUSE_OTHER = (
 )
 _SCALARS = (int, float, complex, bool, np.generic, np.ndarray, jax.Array)
 
-# Compiled FLOPs of plain gradient steps and of forward passes, so that measuring several
-# strategies of one function (as `remat.compare` does) compiles the plain twin and the forward
-# pass once. Keyed by the function object, what was compiled ("forward" or argnums), the
+# Compiled (FLOPs, peak bytes) of plain gradient steps and FLOPs of forward passes, so that
+# measuring several strategies of one function (as `remat.compare` does) compiles the plain twin
+# and the forward pass once. Keyed by the function object, what was compiled ("forward" or argnums), the
 # backend and the arguments' structure, shapes and dtypes; a few entries.
-_FLOPS_MEMO: collections.OrderedDict[tuple[Any, ...], float] = collections.OrderedDict()
+_FLOPS_MEMO: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
 _MEMO_SIZE = 16
 
 
@@ -93,7 +103,7 @@ def _memo_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | N
     return key
 
 
-def _remember(key: tuple[Any, ...] | None, flops: float) -> None:
+def _remember(key: tuple[Any, ...] | None, flops: Any) -> None:
     if key is None:
         return
     _FLOPS_MEMO[key] = flops
@@ -108,17 +118,15 @@ def _remember(key: tuple[Any, ...] | None, flops: float) -> None:
 def measure_compiled(compiled: Any) -> dict[str, Any]:
     """Memory of a compiled program, from XLA's compiled memory analysis.
 
+    The figures come from `remat._measure._peak.compiled_memory`, the one peak function every part of
+    remat uses; its docstring says which figure each backend's peak is.
+
     Args:
       compiled: a `jax.stages.Compiled`, e.g. ``jax.jit(f).lower(*args).compile()``.
 
     Returns:
       A dict with ``peak_bytes``, ``peak_source``, ``temp_bytes``, ``argument_bytes``,
-      ``output_bytes`` and ``alias_bytes``. ``peak_bytes`` is the backend's
-      ``peak_memory_in_bytes`` when it reports one that includes the temporaries
-      (``peak_source="peak_memory_in_bytes"``), else ``temp + argument + output - alias``
-      (``peak_source="temp+argument+output-alias"``; so on the CPU backend, whose reported
-      peak leaves the temporaries out).
-      A backend without memory analysis gives zeros and ``peak_source="unavailable"``.
+      ``output_bytes`` and ``alias_bytes``.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -127,39 +135,7 @@ def measure_compiled(compiled: Any) -> dict[str, Any]:
       >>> m["argument_bytes"], m["output_bytes"]
       (1024, 1024)
     """
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return {
-            "peak_bytes": 0,
-            "peak_source": "unavailable",
-            "temp_bytes": 0,
-            "argument_bytes": 0,
-            "output_bytes": 0,
-            "alias_bytes": 0,
-        }
-    parts = {
-        "temp_bytes": int(stats.temp_size_in_bytes),
-        "argument_bytes": int(stats.argument_size_in_bytes),
-        "output_bytes": int(stats.output_size_in_bytes),
-        "alias_bytes": int(stats.alias_size_in_bytes),
-    }
-    peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
-    # XLA allocates a program's temporaries as one buffer that lives for the whole run, as do
-    # its (non-donated) arguments, so a true peak is at least temp + argument - alias. The CPU
-    # backend (jaxlib 0.10) reports a `peak_memory_in_bytes` that leaves the temporaries out
-    # (about argument + output); such a number is not used.
-    floor = parts["temp_bytes"] + parts["argument_bytes"] - parts["alias_bytes"]
-    if peak > 0 and peak >= floor:
-        source = "peak_memory_in_bytes"
-    else:
-        source = "temp+argument+output-alias"
-        peak = (
-            parts["temp_bytes"]
-            + parts["argument_bytes"]
-            + parts["output_bytes"]
-            - parts["alias_bytes"]
-        )
-    return {"peak_bytes": peak, "peak_source": source, **parts}
+    return compiled_memory(compiled).as_dict()
 
 
 def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: int) -> Timing:
@@ -324,29 +300,49 @@ def measure(
     residuals = saved_residuals(target, *args, argnums=argnums)
 
     requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
-    eliminated, plain_flops = False, None
+    eliminated, plain_flops, plain_peak = False, None, None
     if not requested:
-        _remember(_memo_key(target, argnums, args), flops)
+        _remember(_memo_key(target, argnums, args), (flops, memory["peak_bytes"]))
     else:
         key = _memo_key(plain if plain is not None else target, argnums, args)
         if plain is None:
             plain, key = strip_checkpoints(target), key and (*key, "stripped")
         plain_step = jax.value_and_grad(plain, argnums)
+        remembered = _FLOPS_MEMO.get(key) if key is not None else None
+        if remembered is None:
+            compiled_plain = jax.jit(plain_step).lower(*args).compile()
+            remembered = (hlo_flops(compiled_plain.as_text()), peak_bytes(compiled_plain))
+            _remember(key, remembered)
+        plain_peak = remembered[1]
         traced = traced_dot_flops(jax.make_jaxpr(step)(*args).jaxpr)
         traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
-        if traced > traced_plain:
-            plain_flops = _FLOPS_MEMO.get(key) if key is not None else None
-            if plain_flops is None:
-                compiled_plain = jax.jit(plain_step).lower(*args).compile()
-                plain_flops = hlo_flops(compiled_plain.as_text())
-                _remember(key, plain_flops)
-            eliminated = flops <= plain_flops
+        plain_flops = remembered[0]
+        eliminated = traced > traced_plain and flops <= plain_flops
     backend = jax.default_backend()
+    name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
     if eliminated:
-        name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
         cause = _CAUSE_CPU if backend == "cpu" else _CAUSE_OTHER
         warnings.warn(
-            _ELIMINATED.format(name=name, flops=flops, plain=plain_flops, cause=cause),
+            _ELIMINATED.format(
+                name=name,
+                flops=flops,
+                plain=plain_flops,
+                cause=cause,
+                peak=memory["peak_bytes"] / 2**20,
+                plain_peak=plain_peak / 2**20,
+            ),
+            RematWarning,
+            stacklevel=2,
+        )
+    elif (
+        plain_peak is not None
+        and flops > plain_flops
+        and memory["peak_bytes"] > SAVES_NOTHING_FRACTION * plain_peak
+    ):
+        warnings.warn(
+            _SAVES_NOTHING.format(
+                name=name, peak=memory["peak_bytes"] / 2**20, plain=plain_peak / 2**20
+            ),
             RematWarning,
             stacklevel=2,
         )
@@ -366,4 +362,5 @@ def measure(
         backend=backend,
         num_devices=num_devices(compiled),
         plain_flops=plain_flops,
+        plain_peak_bytes=plain_peak,
     )

@@ -14,13 +14,8 @@ from .._measure._measurement import Measurement
 
 
 def peak_of(m: Measurement) -> int:
-    """The peak memory of a measurement.
-
-    XLA's CPU backend reports a ``peak_memory_in_bytes`` that leaves out temporaries (it can
-    be below the temporaries alone); then ``temp + argument + output - alias`` is used.
-    """
-    total = m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
-    return total if m.peak_bytes < m.temp_bytes else m.peak_bytes
+    """The peak memory of a measurement: its ``peak_bytes`` (see `remat._measure._peak`)."""
+    return m.peak_bytes
 
 
 def compile_measure(
@@ -73,9 +68,6 @@ def compile_measure(
 
 def light_peak(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> int:
     """The peak of the compiled gradient step (one compile, nothing else)."""
-    from .._measure._measure import measure_compiled
+    from .._measure._peak import peak_bytes
 
-    compiled = jax.jit(jax.value_and_grad(fn, argnums)).lower(*args).compile()
-    m = measure_compiled(compiled)
-    total = m["temp_bytes"] + m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"]
-    return total if m["peak_bytes"] < m["temp_bytes"] else m["peak_bytes"]
+    return peak_bytes(jax.jit(jax.value_and_grad(fn, argnums)).lower(*args).compile())

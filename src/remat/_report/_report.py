@@ -22,7 +22,7 @@ from typing import Any
 from .._core._budget import MIB
 from .._core._io import atomic_write_text
 from .._core._plain import from_plain
-from .._measure._measurement import Measurement
+from .._measure._measurement import SAVES_NOTHING_FRACTION, Measurement
 from ._pareto import pareto_front
 
 _FORMAT = "remat.Report"
@@ -262,14 +262,36 @@ class Report:
         lines += ["| " + " | ".join(cells) + " |" for cells in self._cells()]
         return "\n".join(lines) + "\n\n" + self._caption().replace("\n", "<br>")
 
+    def saves_nothing(self) -> tuple[str, ...]:
+        """Labels of strategies that recompute but whose peak does not fall.
+
+        A strategy is listed when its compiled FLOPs are above the baseline's (or the
+        measurement says its checkpoints recompute, see `remat.Measurement.saves_nothing`)
+        while its peak is not at least 2% below the baseline's (or its own plain twin's).
+        The table marks them ``~`` and its caption gives both figures.
+        """
+        base = self.baseline_measurement
+        out = []
+        for label, m in self.rows:
+            if label == self.baseline or m.recompute_eliminated:
+                continue
+            costs_more = m.flops > base.flops
+            no_fall = m.peak_bytes > SAVES_NOTHING_FRACTION * base.peak_bytes
+            if m.saves_nothing or (costs_more and no_fall):
+                out.append(label)
+        return tuple(out)
+
     def _cells(self) -> list[list[str]]:
         base = self.baseline_measurement
         front = set(self.pareto())
+        no_saving = set(self.saves_nothing())
         rows = []
         for label, m in self.rows:
             name = f"{label} (baseline)" if label == self.baseline else label
             if m.recompute_eliminated:
                 name += " !"
+            elif label in no_saving:
+                name += " ~"
             rows.append(
                 [
                     name,
@@ -293,6 +315,14 @@ class Report:
             )
         if any(m.recompute_eliminated for _, m in self.rows):
             lines.append("! XLA removed the recomputation this strategy asked for")
+        base = self.baseline_measurement
+        for label in self.saves_nothing():
+            m = self[label]
+            lines.append(
+                f"~ {label} recomputes ({m.flops / base.flops:.2f}× the baseline's FLOPs) but "
+                f"its peak, {m.peak_bytes / MIB:.2f} MiB, is not 2% below the baseline's "
+                f"{base.peak_bytes / MIB:.2f} MiB: no memory saved"
+            )
         return "\n".join(lines)
 
     def render(self, width: int = 120) -> str:
