@@ -208,6 +208,63 @@ CASES = {
         "str",
         "array",
     ),
+    # the mistakes of issue 14, in the words the user typed
+    "measure-repeated-argnums": (
+        lambda: remat.measure(loss, WS, X, argnums=(0, 0), repeats=0),
+        ValueError,
+        "remat.measure",
+        "argnums=(0, 0)",
+        "each position once",
+    ),
+    "strategy-float-scans": (
+        lambda: remat.Strategy("full", scans=1.5),
+        ValueError,
+        "remat.Strategy",
+        "scans=1.5",
+        "scans=(0, 'decoder')",
+    ),
+    "nested-int-lengths": (
+        lambda: remat.Nested(lengths=5),
+        ValueError,
+        "remat.Nested",
+        "lengths=5",
+        "lengths=(4, 8)",
+    ),
+    "plan-tiny-fraction": (
+        lambda: remat.plan(loss, WS, X, budget=1e-9),
+        ValueError,
+        "remat.plan",
+        "budget=1e-09",
+        "[0.001, 1]",
+    ),
+    "plan-overflowing-budget": (
+        lambda: remat.plan(loss, WS, X, budget="1e400"),
+        ValueError,
+        "remat.plan",
+        "budget='1e400'",
+        "'6GiB'",
+    ),
+    "plan-str-device-memory": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, device_memory="abc"),
+        ValueError,
+        "remat.plan",
+        "device_memory='abc'",
+        "16 * 2**30",
+    ),
+    "plan-str-schedules": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, schedules="yes"),
+        ValueError,
+        "remat.plan",
+        "schedules='yes'",
+        "True or False",
+    ),
+    "compare-unknown-baseline": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], baseline="bogus", repeats=0),
+        ValueError,
+        "remat.compare",
+        "baseline='bogus'",
+        "baseline='none'",
+    ),
 }
 
 
@@ -277,3 +334,33 @@ def test_offload_strategy_without_host_memory_names_the_function_called(public):
     }[public]
     with pytest.raises(ValueError, match=rf"^`remat.{public}` got strategy 'offload:a'.*names:a"):
         call()
+
+
+def test_unparseable_budget_names_no_internal_placeholder():
+    with pytest.raises(ValueError) as info:
+        remat.plan(loss, WS, X, budget="lots")
+    message = str(info.value)
+    assert "`remat.plan`" in message and "budget='lots'" in message
+    assert "2**62" not in message and str(2**62) not in message and "0 bytes" not in message
+
+
+@pytest.mark.parametrize("spelled", ["0.5", " 0.5 ", "5e-1"])
+def test_a_unitless_string_fraction_is_that_fraction_of_the_peak(spelled):
+    from remat._core._budget import read_budget
+
+    budget = read_budget(spelled, sensible=True)
+    assert budget.fraction == 0.5 and budget.bytes is None
+    assert budget.to_bytes(baseline_peak=1000) == 500
+
+
+@pytest.mark.parametrize(
+    ("content", "why"), [(b"\xff\xfe\x00garbage", "UTF-8"), (b"{not json", "invalid JSON")]
+)
+def test_report_from_json_names_the_file_it_cannot_read(tmp_path, content, why):
+    path = tmp_path / "report.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        remat.Report.from_json(path)
+    message = str(info.value)
+    assert "`remat.Report.from_json`" in message and str(path) in message and why in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__

@@ -12,7 +12,7 @@ _BARE = ("none", "full", "dots", "dots_no_batch", "everything")
 _SCHEDULE = re.compile(r"^(?P<policy>.+)\+(?P<kind>nested|binomial)\((?P<n>\d+)\)$")
 
 
-def parse_strategy(text: str):
+def parse_strategy(text: str, where: str = "remat compare --strategies"):
     """A strategy from its command-line spelling: a strategy string, optionally followed by
     ``+nested(LEVELS)`` or ``+binomial(SNAPSHOTS)`` (the labels `remat.Strategy.name` gives).
 
@@ -31,8 +31,9 @@ def parse_strategy(text: str):
         if match:
             n = int(match["n"])
             schedule = Nested(levels=n) if match["kind"] == "nested" else Binomial(n)
+            check_policy(match["policy"], where)
             return Strategy(match["policy"], schedule=schedule)
-        check_policy(text, "remat compare")
+        check_policy(text, where)
     except ValueError as err:
         raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
     return text
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     strategies = {label: parse_strategy(label) for label in split_strategies(args.strategies)}
     if not strategies:
         raise CliError("--strategies is empty; give at least one, e.g. --strategies full,dots")
-    baseline = parse_strategy(args.baseline)
+    baseline = parse_strategy(args.baseline, "remat compare --baseline")
     argnums = parse_argnums(args.argnums)
     fn, fn_args = load_target(args.target)
     from .._report._compare import compare  # after the cheap checks: a bad target fails fast

@@ -32,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
     from ._cli_compare import parse_argnums, parse_strategy
     from ._target import load_target
 
-    strategy = parse_strategy(args.strategy) if args.strategy is not None else None
+    if args.strategy is not None:
+        strategy = parse_strategy(args.strategy, "remat measure --strategy")
+    else:
+        strategy = None
     argnums = parse_argnums(args.argnums)
     fn, fn_args = load_target(args.target)
     from .._measure._measure import measure  # after the cheap checks: a bad target fails fast

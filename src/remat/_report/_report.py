@@ -419,12 +419,19 @@ class Report:
         """Reads a report that `Report.to_json` wrote; it compares equal to the one written.
 
         Raises:
-          ValueError: the file is not a remat report.
+          ValueError: the file cannot be read, is not UTF-8 JSON, or is not a remat report;
+            the message names the file.
         """
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as err:
+            why = f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}"
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from None
         except json.JSONDecodeError as err:
-            raise ValueError(_NOT_A_REPORT.format(path=path, why=f"invalid JSON: {err}")) from err
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=f"invalid JSON: {err}")) from None
+        except OSError as err:
+            why = f"cannot read it: {err.strerror or err}"
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from None
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(_NOT_A_REPORT.format(path=path, why=f"no 'format': {_FORMAT!r}"))
         if data.get("version") != _VERSION:
@@ -433,9 +440,9 @@ class Report:
             )
         try:
             return cls.from_dict(data)
-        except (KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
             why = f"malformed: {type(err).__name__}: {err}"
-            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from err
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from None
 
 
 def _ratio(value: float, base: float) -> str:
