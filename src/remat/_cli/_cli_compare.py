@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 from pathlib import Path
 
 from ._errors import EXIT_USAGE, CliError
@@ -105,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--strategies is empty; give at least one, e.g. --strategies full,dots")
     baseline = parse_strategy(args.baseline, "remat compare --baseline")
     argnums = parse_argnums(args.argnums)
+    if args.out is not None:  # a wrong path fails now, not after compiling
+        from .._core._io import check_folder
+
+        check_folder(args.out, ("report.json", "pareto.png"), "--out")
     fn, fn_args = load_target(args.target)
     from .._report._compare import compare  # after the cheap checks: a bad target fails fast
 
@@ -117,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         title=args.target,
     )
-    print(report)
+    # As wide as the terminal (or $COLUMNS); at 60 columns the numbers still print whole.
+    print(report.render(shutil.get_terminal_size((120, 24)).columns))
     if args.out is not None:
         try:
             print(f"wrote {report.to_json(args.out / 'report.json')}")

@@ -37,6 +37,7 @@ _HEADERS = (
     "pareto",
 )
 _VERSION = 1
+_COMPACT_BELOW = 110  # consoles narrower than the full table get the compact one
 
 _NO_ROWS = "`remat.Report` got no rows; expected at least the baseline's measurement."
 _DUPLICATE_LABEL = (
@@ -219,25 +220,32 @@ class Report:
 
     # --- rendering ---
 
-    def table(self):
+    def table(self, compact: bool = False):
         """A `rich.table.Table`: one row per strategy, relative to the baseline.
 
         Columns: strategy, peak MiB, peak relative to the baseline, residual MiB, GFLOPs per
         step, FLOPs relative to the baseline, median ms per step, and a mark (``*``) on the
         Pareto front. A ``!`` after a label means XLA removed the recomputation the strategy
         asked for (see `remat.measure`).
+
+        Numbers are never cut: on a narrow console the labels and headers wrap instead.
+        ``compact`` draws fewer lines, for consoles of about 60 columns.
         """
+        from rich import box
         from rich.table import Table
 
         title = self.title
         if self.num_devices > 1:  # an SPMD program: every memory number is one device's
             title = f"{title} (per device, {self.num_devices} devices)".strip()
-        table = Table(title=title or None, caption=self._caption(), caption_justify="left")
-        table.add_column("strategy", no_wrap=True)
-        for header in _HEADERS[1:-1]:
-            table.add_column(header, justify="right")
-        table.add_column(_HEADERS[-1], justify="center")
-        for cells in self._cells():
+        style = dict(box=box.SIMPLE_HEAD, padding=(0, 0)) if compact else {}
+        table = Table(title=title or None, caption=self._caption(), caption_justify="left", **style)
+        rows = self._cells()
+        table.add_column("strategy", overflow="fold")
+        for i, header in enumerate(_HEADERS[1:-1], start=1):
+            widest = max(len(cells[i]) for cells in rows)
+            table.add_column(header, justify="right", min_width=widest, overflow="fold")
+        table.add_column("*" if compact else _HEADERS[-1], justify="center", overflow="fold")
+        for cells in rows:
             table.add_row(*cells)
         return table
 
@@ -326,11 +334,12 @@ class Report:
         return "\n".join(lines)
 
     def render(self, width: int = 120) -> str:
-        """The table as plain text (no colour), ``width`` characters wide at most."""
+        """The table as plain text (no colour), ``width`` characters wide at most; below 110
+        columns with fewer lines, and at any width with every number whole."""
         from rich.console import Console
 
         console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
-        console.print(self.table())
+        console.print(self.table(compact=width < _COMPACT_BELOW))
         return console.file.getvalue()
 
     def __str__(self) -> str:
