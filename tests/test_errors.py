@@ -12,6 +12,7 @@ import pytest
 
 import remat
 from remat._core._strategy import offload_available
+from remat._plan._plan import plan_budgets
 
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 WS = jnp.ones((2, 3, 3)) * 0.1
@@ -264,6 +265,168 @@ CASES = {
         "remat.compare",
         "baseline='bogus'",
         "baseline='none'",
+    ),
+    # found by giving every public argument a wrong type, range or unit
+    "strategy-negative-scan": (
+        lambda: remat.Strategy("full", scans=(-1,)),
+        ValueError,
+        "remat.Strategy",
+        "scans=(-1,)",
+        "ints >= 0",
+    ),
+    "plan-budget-in-the-wrong-unit": (
+        lambda: remat.plan(loss, WS, X, budget=5),
+        ValueError,
+        "remat.plan",
+        "budget=5",
+        "'5GiB'",
+    ),
+    "plan-percent-as-bytes": (
+        lambda: remat.plan(loss, WS, X, budget=50),
+        ValueError,
+        "remat.plan",
+        "budget=50",
+        "'50%'",
+    ),
+    "plan-tiny-percent": (
+        lambda: remat.plan(loss, WS, X, budget="0.00001%"),
+        ValueError,
+        "remat.plan",
+        "budget='0.00001%'",
+        "'50%'",
+    ),
+    "plan-device-memory-in-gib": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, device_memory=16),
+        ValueError,
+        "remat.plan",
+        "device_memory=16",
+        "16 * 2**30",
+    ),
+    "plan-float-device-memory": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, device_memory=1.5e10),
+        ValueError,
+        "remat.plan",
+        "device_memory=15000000000.0",
+        "int number of bytes",
+    ),
+    "plan-str-host-bandwidth": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, host_bandwidth="fast"),
+        ValueError,
+        "remat.plan",
+        "host_bandwidth='fast'",
+        "25e9",
+    ),
+    "plan-host-bandwidth-in-gb": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, host_bandwidth=25),
+        ValueError,
+        "remat.plan",
+        "host_bandwidth=25",
+        "host_bandwidth=25e9",
+    ),
+    "plan-str-offload": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, offload="yes"),
+        ValueError,
+        "remat.plan",
+        "offload='yes'",
+        "True or False",
+    ),
+    "plan-str-max-rounds": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, max_rounds="4"),
+        ValueError,
+        "remat.plan",
+        "max_rounds='4'",
+        "int >= 1",
+    ),
+    "plan-repeated-argnums": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, argnums=(1, 1)),
+        ValueError,
+        "remat.plan",
+        "argnums=(1, 1)",
+        "argnums=1",
+    ),
+    "plan-none-budget": (
+        lambda: remat.plan(loss, WS, X, budget=None),
+        ValueError,
+        "remat.plan",
+        "budget=None",
+        "'512MiB'",
+    ),
+    "plan-budgets-as-one-string": (
+        lambda: plan_budgets(loss, WS, X, budgets="50%"),
+        ValueError,
+        "plan_budgets",
+        "budgets='50%'",
+        "budgets=['75%', '50%', '2GiB']",
+    ),
+    "plan-budgets-bad-entry": (
+        lambda: plan_budgets(loss, WS, X, budgets=["50%", "lots"]),
+        ValueError,
+        "plan_budgets",
+        "budget='lots'",
+        "'512MiB'",
+    ),
+    "plan-budgets-str-schedules": (
+        lambda: plan_budgets(loss, WS, X, budgets=["50%"], schedules="no"),
+        ValueError,
+        "plan_budgets",
+        "schedules='no'",
+        "True or False",
+    ),
+    "compare-negative-repeats": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=-1),
+        ValueError,
+        "remat.compare",
+        "repeats=-1",
+        "int >= 0",
+    ),
+    "compare-float-repeats": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=2.5),
+        ValueError,
+        "remat.compare",
+        "repeats=2.5",
+        "int >= 0",
+    ),
+    "compare-title-not-str": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=0, title=3),
+        ValueError,
+        "remat.compare",
+        "title=3",
+        "string",
+    ),
+    "compare-str-progress": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=0, progress="no"),
+        ValueError,
+        "remat.compare",
+        "progress='no'",
+        "True or False",
+    ),
+    "lint-str-measure": (
+        lambda: remat.lint(loss, WS, X, measure="yes"),
+        ValueError,
+        "remat.lint",
+        "measure='yes'",
+        "True",
+    ),
+    "load-plan-not-callable": (
+        lambda: remat.load_plan("plan.json", "loss", WS, X),
+        TypeError,
+        "remat.load_plan",
+        "fn='loss'",
+        "remat.load_plan(path, loss, *args)",
+    ),
+    "load-plan-directory": (
+        lambda: remat.load_plan(os.path.dirname(__file__), loss, WS, X),
+        ValueError,
+        "remat.load_plan",
+        os.path.dirname(__file__),
+        "Plan.to_json",
+    ),
+    "report-from-json-directory": (
+        lambda: remat.Report.from_json(os.path.dirname(__file__)),
+        ValueError,
+        "remat.Report.from_json",
+        os.path.dirname(__file__),
+        "cannot read it",
     ),
 }
 

@@ -31,6 +31,10 @@ _EDITED = (
     "wrote it (the file's checksum does not match). A plan is checked on the compiled "
     "program when it is made; an edited one is not. Run `remat.plan` again for another plan."
 )
+_NOT_CALLABLE = (
+    "`remat.load_plan` got fn={got!r}, which is not callable; pass the function the plan was "
+    "made for: `remat.load_plan(path, loss, *args)`."
+)
 _FORMATS = (1, PLAN_FORMAT)
 
 # The plan's top-level fields as `to_dict` writes them (``fn`` is not written; ``scans``,
@@ -87,6 +91,8 @@ def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Pl
       >>> bool(jnp.allclose(p.fn(ws, x), loss(ws, x)))
       True
     """
+    if not callable(fn):
+        raise TypeError(_NOT_CALLABLE.format(got=fn))
     data = _read(path)
     now = fingerprint(fn, *args)
     if data["fingerprint"] != now:
