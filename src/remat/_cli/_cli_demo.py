@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -93,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     sizes = {name: getattr(args, name) for name in DEFAULTS}
     if any(v < 1 for v in sizes.values()) or args.repeats < 0:
         raise CliError(f"sizes must be positive and --repeats >= 0; got {sizes}", EXIT_USAGE)
+    from .._core._io import check_folder
+
+    check_folder(args.out, ("report.json", "pareto.png"), "--out")  # fails now, not later
     title = "GPT: {layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}"
     title = title.format(**sizes)
     build = make_gpt
@@ -128,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             title=title,
         )
-    print(report)
+    # As wide as the terminal (or $COLUMNS); at 60 columns the numbers still print whole.
+    print(report.render(shutil.get_terminal_size((120, 24)).columns))
     half = 0.5 * report.baseline_measurement.peak_bytes
     planned, plan_line = _plan_half(loss_fn, fn_args)
     try:

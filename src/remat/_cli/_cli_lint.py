@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
             check_policy(args.strategy, "remat lint --strategy")
         except ValueError as err:
             raise CliError(str(err)) from err
+    if args.json:  # a wrong path fails now, not after compiling
+        from .._core._io import check_writable
+
+        check_writable(args.json, "--json")
     fn, fn_args = _load(args.target)
     try:
         findings = lint(fn, *fn_args, strategy=args.strategy, measure=not args.no_measure)

@@ -43,12 +43,17 @@ def budget_arg(text: str) -> int | float | str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._core._io import check_folder
     from ._cli_compare import parse_argnums
     from ._errors import EXIT_INFEASIBLE, EXIT_USAGE, CliError
     from ._target import load_target
 
     argnums = parse_argnums(args.argnums)
     budget = budget_arg(args.budget)
+    from .._core._budget import read_budget
+
+    read_budget(budget, sensible=True)  # a malformed budget fails now, not after compiling
+    check_folder(args.out, ("plan.json",), "--out")
     fn, fn_args = load_target(args.target)
     from .._plan._plan import plan  # after the cheap checks: a bad target fails fast
     from .._plan._result import InfeasibleBudget

@@ -39,6 +39,10 @@ _BAD_ARG = (
     "(jax.Array, numpy array, Python number or jax.ShapeDtypeStruct). Close over other "
     "values with functools.partial(fn, ...) before calling `remat.lint`."
 )
+_NOT_BOOL_MEASURE = (
+    "`remat.lint` got measure={got!r}; pass True (also compile the gradient, for RM005 and "
+    "RM009) or False (read the traced program only)."
+)
 _ARRAY_LEAVES = (jax.Array, jax.ShapeDtypeStruct, int, float, complex, bool)
 
 
@@ -95,6 +99,8 @@ def lint(
       ['RM001']
     """
     _check_args(fn, args)
+    if not isinstance(measure, bool):
+        raise ValueError(_NOT_BOOL_MEASURE.format(got=measure))
     if strategy is not None:
         from .._core._strategy import as_strategy
         from .._trace._rewrite import apply

@@ -56,6 +56,10 @@ _BAD_ARGNUMS = (
     "`remat.measure` got argnums={argnums!r} for {n} positional argument(s); pass an int or a "
     "tuple of ints in range(0, {n}), as for `jax.grad`."
 )
+_REPEATED_ARGNUMS = (
+    "`remat.measure` got argnums={argnums!r}, which names argument {dup} more than once; each "
+    "argument is differentiated once. Pass each position once, e.g. argnums={fix!r}."
+)
 _BAD_REPEATS = "`remat.measure` got repeats={got!r}; pass an int >= 0 (0 skips timing)."
 _ELIMINATED = (
     "`remat.measure`: the checkpoints in {name} ask for recomputation, but the compiled program "
@@ -177,6 +181,11 @@ def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, .
         or any(isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < n for a in argnums_t)
     ):
         raise ValueError(_BAD_ARGNUMS.format(argnums=argnums, n=n))
+    repeated = [a for i, a in enumerate(argnums_t) if a in argnums_t[:i]]
+    if repeated:
+        fix = tuple(dict.fromkeys(argnums_t))
+        fix = fix[0] if len(fix) == 1 else fix
+        raise ValueError(_REPEATED_ARGNUMS.format(argnums=argnums, dup=repeated[0], fix=fix))
     for path, leaf in jax.tree_util.tree_leaves_with_path(args):
         where = "args" + jax.tree_util.keystr(path)
         if isinstance(leaf, jax.ShapeDtypeStruct):

@@ -32,6 +32,13 @@ from typing import Any
 from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
+from ._args import (
+    check_bool,
+    check_device_memory,
+    check_host_bandwidth,
+    check_max_rounds,
+    read_budgets,
+)
 from ._calibrate import prepare
 from ._result import InfeasibleBudget, Plan
 from ._rounds import plan_prepared
@@ -108,9 +115,13 @@ def plan(
     """
     if not callable(fn):
         raise TypeError(f"`remat.plan` got fn={fn!r}, which is not callable; pass the loss.")
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise ValueError(f"`remat.plan` got max_rounds={max_rounds!r}; pass an int >= 1.")
-    budget = read_budget(budget)  # a malformed budget fails before compiling
+    # Every argument is checked before anything is traced or compiled.
+    check_max_rounds(max_rounds)
+    budget = read_budget(budget, sensible=True)
+    check_bool(schedules, "schedules")
+    check_bool(offload, "offload")
+    device_memory = check_device_memory(device_memory)
+    host_bandwidth = check_host_bandwidth(host_bandwidth)
     offload = _offload_wanted(offload, host_bandwidth)
     if device_memory is None:
         device_memory = device_memory_bytes()
@@ -142,11 +153,16 @@ def plan_budgets(
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
     """
+    if not callable(fn):
+        raise TypeError(f"`plan_budgets` got fn={fn!r}, which is not callable; pass the loss.")
+    read = read_budgets(budgets)  # every budget is checked before anything is compiled
+    check_bool(schedules, "schedules", "plan_budgets")
+    check_max_rounds(max_rounds, "plan_budgets")
     prep = prepare(fn, args, argnums, schedules)
     out: list[Plan | InfeasibleBudget] = []
-    for budget in budgets:
+    for budget in read:
         try:
-            out.append(plan_prepared(prep, read_budget(budget), max_rounds))
+            out.append(plan_prepared(prep, budget, max_rounds))
         except InfeasibleBudget as err:
             out.append(err)
     return out

@@ -17,14 +17,15 @@ import jax
 
 from .._core._budget import format_bytes
 from .._core._io import atomic_write_text
-from .._core._plain import to_plain
+from .._core._plain import checksum, to_plain
 from .._core._schedule import encode_schedule
 from .._measure._measurement import Measurement
 from ._compile import peak_of
 from ._options import ScanPlan
 
-# The version of the JSON that `Plan.to_json` writes and `remat.load_plan` reads.
-PLAN_FORMAT = 1
+# The version of the JSON that `Plan.to_json` writes and `remat.load_plan` reads. Format 2 adds
+# a checksum of the whole file (`_core._plain.checksum`); format 1 files have none.
+PLAN_FORMAT = 2
 
 _INFEASIBLE = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the smallest peak the "
@@ -125,7 +126,9 @@ class Plan:
         return self.explain()
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as JSON-ready data (without ``fn``)."""
+        """The plan as JSON-ready data (without ``fn``), with a ``"checksum"`` of the rest:
+        the sha256 of its canonical JSON, and a digest per field so that `remat.load_plan`
+        can name the field that was edited."""
         data = {
             "format": PLAN_FORMAT,
             **{
@@ -142,10 +145,15 @@ class Plan:
             ],
             "measured": None if self.measured is None else to_plain(self.measured),
         }
+        data["checksum"] = checksum(data)  # `load_plan` refuses a file edited after this
         return data
 
     def to_json(self, path: str | os.PathLike) -> Path:
-        """Writes the plan to ``path`` as JSON, atomically; reload it with `remat.load_plan`."""
+        """Writes the plan to ``path`` as JSON, atomically; reload it with `remat.load_plan`.
+
+        The file (format 2) carries a checksum of its contents: `remat.load_plan` refuses it
+        once edited.
+        """
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=True))
 
 
