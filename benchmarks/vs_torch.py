@@ -47,6 +47,7 @@ import remat
 from bench_common import (
     BENCH_MD,
     MIB,
+    compiled_peak,
     count_compiles,
     machine_line,
     markdown_table,
@@ -352,13 +353,6 @@ def remat_at_fraction(loss, args, base: remat.Measurement, fraction: float, repe
         schedule=", ".join(str(s.schedule) for s in plan.scans),
         names=sum(len(s.names) for s in plan.scans),
     )
-
-
-def compiled_peak(m: remat.Measurement) -> int:
-    """XLA's peak; on CPU the reported peak leaves out the temporaries, so the sum of the
-    parts is used there (as `remat.plan` does)."""
-    total = m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
-    return total if m.peak_bytes < m.temp_bytes else m.peak_bytes
 
 
 ### Running
