@@ -130,7 +130,7 @@ def test_compiled_table_replays_the_schedule():
 
     for n in range(1, 121):
         for s in range(1, 9):
-            stores, first, slots, table = _plan(n, s)
+            stores, first, slots, table, macros = _plan(n, s)
             assert slots <= s and max(stores) == n - 1
             rows = {row: index for index, row in stores.items()}  # forward pass writes
             assert 0 <= first <= slots and rows[first] == n - 1
@@ -149,3 +149,18 @@ def test_compiled_table_replays_the_schedule():
                     rows[store - 1] = current
             assert expected == -1
             assert advances == remat.revolve_cost(n, s), (n, s)
+            # The macro rows (restore, start, advance, store, reverse) replay the same way.
+            rows = {row: index for index, row in stores.items()}
+            current, expected, advances = n - 1, n - 1, n - 1
+            for restore, start, advance, store, reverse in macros.tolist():
+                if restore >= 0:
+                    current = 0 if restore == 0 else rows[restore - 1]
+                assert current == start
+                current += advance
+                advances += advance
+                if store >= 1:
+                    rows[store - 1] = current
+                if reverse:
+                    assert current == expected
+                    expected -= 1
+            assert expected == -1 and advances == remat.revolve_cost(n, s)

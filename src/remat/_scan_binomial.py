@@ -42,14 +42,15 @@ ADVANCE, REVERSE, NOTHING = 0, 1, 2
 def _plan(n: int, snapshots: int):
     """Compiles `revolve_schedule` into the forward stores and a table of unit actions.
 
-    Returns ``(stores, first, slots, table)``: ``stores`` maps a carry index to the buffer
+    Returns ``(stores, first, slots, table, macros)``: ``stores`` maps a carry index to the buffer
     row the forward sweep writes it to (the schedule's first sweep, plus the input of the
     last step, which the backward sweep starts from, in row ``slots`` unless a snapshot
     already holds it); ``first`` is that row; ``table`` is an int32 array whose rows
     ``(restore, index, kind, store)`` each mean: make slot ``restore`` current (-1: keep
     the current carry); then advance the carry by step ``index`` (kind 0) or reverse step
     ``index`` (kind 1); then copy the carry into slot ``store`` (-1: none). Slot ``j >= 1``
-    is buffer row ``j - 1``; slot 0 is the initial carry.
+    is buffer row ``j - 1``; slot 0 is the initial carry. ``macros`` is the same schedule in
+    fewer, longer rows (see `_macro_rows`).
     """
     actions = revolve_schedule(n, snapshots)
     first_reverse = next(p for p, (kind, _) in enumerate(actions) if kind == "reverse")
@@ -81,7 +82,31 @@ def _plan(n: int, snapshots: int):
             assert arg == index
             rows.append([restore, index, REVERSE, -1])
             restore = -1
-    return stores, first, slots, np.array(rows, dtype=np.int32).reshape(-1, 4)
+    units = np.array(rows, dtype=np.int32).reshape(-1, 4)
+    return stores, first, slots, units, _macro_rows(units)
+
+
+def _macro_rows(units: np.ndarray) -> np.ndarray:
+    """The unit rows merged into macro rows ``(restore, start, advance, store, reverse)``.
+
+    A macro row restores slot ``restore`` (-1: none), whose index is ``start``; advances
+    ``advance`` steps; stores into slot ``store`` (-1: none); and, if ``reverse``, reverses
+    step ``start + advance``. The evaluated backward sweep runs the advances of one row in a
+    tight inner loop, without a per-step branch.
+    """
+    macros: list[list[int]] = []
+    row = None
+    for restore, index, kind, store in units.tolist():
+        # A new macro row at a restore, after a store or a reversal, or at the first row.
+        if row is None or restore >= 0 or row[3] >= 0 or row[4]:
+            row = [restore, index, 0, -1, 0]
+            macros.append(row)
+        if kind == ADVANCE:
+            row[2] += 1
+            row[3] = store
+        else:
+            row[4] = 1
+    return np.array(macros, dtype=np.int32).reshape(-1, 5)
 
 
 def _inexact(x) -> bool:
@@ -144,7 +169,7 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
     x_mask = [_inexact(a) for a in x_leaves]
     k_mask = [_inexact(a) for a in k_leaves]
     y_mask = [_inexact(a) for a in y_avals]
-    stores, first, slots, table = _plan(n, snapshots)
+    stores, first, slots, table, macros = _plan(n, snapshots)
     rows = slots + (first == slots)  # snapshot rows, plus one for the last step's input
     store_at = np.array(sorted(stores), dtype=np.int32)
     store_row = np.array([stores[i] for i in sorted(stores)], dtype=np.int32)
@@ -182,6 +207,8 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
 
     def tangent(res, lin):
         c0, xl, kl, _ = _split(res, sizes_res)
+        primals = _pick(c0, c_mask) + _pick(xl, x_mask) + _pick(kl, k_mask)
+        lin = [jnp.zeros_like(p) if t is None else t for t, p in zip(lin, primals, strict=True)]
         dc, dx, dk = _split(lin, sizes_lin)
         tangents = (
             _float0_fill(dc, c0, c_mask),
@@ -194,7 +221,12 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
     def backward(res, cts, differentiable=False):
         """Revolve's backward sweep: the transpose of `tangent`."""
         c0, xl, kl, buf = _split(res, sizes_res)
-        ct_c, ct_ys, ct_buf = _split(cts, sizes_out)
+        ct_c, ct_ys, ct_buf = _split(cts, sizes_out)  # None: a zero cotangent
+        ct_c = [
+            jnp.zeros_like(a) if ct is None else ct
+            for ct, a in zip(ct_c, _pick(c0, c_mask), strict=True)
+        ]
+        y_rows = [a for a, m in zip(y_avals, y_mask, strict=True) if m]
         row_of = jnp.asarray(row_of_index)
 
         def reverse_step(i, cur, lam, ct_k):
@@ -207,12 +239,18 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
                 return _pick(c_out, c_mask), _pick(y, y_mask)
 
             _, vjp = jax.vjp(diff_step, _pick(cur, c_mask), _pick(x, x_mask), _pick(kl, k_mask))
-            ct_y = [lax.dynamic_index_in_dim(a, position(i), keepdims=False) for a in ct_ys]
+            ct_y = [
+                jnp.zeros(y.shape, y.dtype)
+                if a is None
+                else lax.dynamic_index_in_dim(a, position(i), keepdims=False)
+                for a, y in zip(ct_ys, y_rows, strict=True)
+            ]
             g_c, g_x, g_k = vjp((lam, ct_y))
-            # A carry that the forward sweep also wrote to ``buf`` gets that output's cotangent.
+            # A carry that the forward sweep also wrote to ``buf`` gets that output's cotangent
+            # (zero, and skipped, unless the buffer is used: at second order).
             r = row_of[i]
             g_c = [
-                g + jnp.where(r >= 0, cb[jnp.clip(r, 0, rows - 1)], 0).astype(g.dtype)
+                g if cb is None else g + jnp.where(r >= 0, cb[jnp.clip(r, 0, rows - 1)], 0)
                 for g, cb in zip(g_c, ct_buf, strict=True)
             ]
             return g_c, g_x, [a + g for a, g in zip(ct_k, g_k, strict=True)]
@@ -237,33 +275,64 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
             def nothing(args):
                 return (*args, no_gx)
 
-            branches = [advance, reverse, nothing] if differentiable else [advance, reverse]
-            cur, lam, ct_k, g_x = lax.switch(kind, branches, (cur, lam, ct_k))
+            cur, lam, ct_k, g_x = lax.switch(kind, [advance, reverse, nothing], (cur, lam, ct_k))
             j = jnp.clip(store - 1, 0, rows - 1)
             buf = [
                 b.at[j].set(jnp.where(store >= 1, c, b[j])) for b, c in zip(buf, cur, strict=True)
             ]
-            if differentiable:
-                return (cur, buf, lam, ct_k, ct_x), g_x
-            p = position(index)
-            ct_x = [
-                lax.dynamic_update_index_in_dim(
-                    a, jnp.where(kind == REVERSE, g, lax.dynamic_index_in_dim(a, p, 0, False)), p, 0
+            return (cur, buf, lam, ct_k, ct_x), g_x
+
+        def macro_sweep(state):
+            """The evaluated sweep: `lax.fori_loop`s over macro rows and their advances."""
+
+            def advance(cur, start, count):
+                def body(t, c):
+                    return step(c, x_at(xl, start + t), kl)[0]
+
+                return lax.fori_loop(0, count, body, cur)
+
+            def reverse(args):
+                i, cur, lam, ct_k, ct_x = args
+                lam, g_x, ct_k = reverse_step(i, cur, lam, ct_k)
+                ct_x = [
+                    lax.dynamic_update_index_in_dim(a, g.astype(a.dtype), position(i), 0)
+                    for a, g in zip(ct_x, g_x, strict=True)
+                ]
+                return lam, ct_k, ct_x
+
+            def macro(p, state):
+                cur, buf, lam, ct_k, ct_x = state
+                restore, start, count, store, rev = (table_m[p, j] for j in range(5))
+                j = jnp.clip(restore - 1, 0, rows - 1)
+                held = [jnp.where(restore == 0, a, b[j]) for a, b in zip(c0, buf, strict=True)]
+                cur = [jnp.where(restore >= 0, h, c) for h, c in zip(held, cur, strict=True)]
+                cur = advance(cur, start, count)
+                j = jnp.clip(store - 1, 0, rows - 1)
+                buf = [
+                    b.at[j].set(jnp.where(store >= 1, c, b[j]))
+                    for b, c in zip(buf, cur, strict=True)
+                ]
+                lam, ct_k, ct_x = lax.cond(
+                    rev == 1,
+                    reverse,
+                    lambda args: tuple(args[2:]),
+                    (start + count, cur, lam, ct_k, ct_x),
                 )
-                for a, g in zip(ct_x, g_x, strict=True)
-            ]
-            return (cur, buf, lam, ct_k, ct_x), None
+                return cur, buf, lam, ct_k, ct_x
+
+            table_m = jnp.asarray(macros)
+            _, _, lam, ct_k, ct_x = lax.fori_loop(0, macros.shape[0], macro, state)
+            return lam + ct_x + ct_k
 
         state = (
             [b[first] for b in buf],
             buf,
             list(ct_c),
             [jnp.zeros_like(a) for a in _pick(kl, k_mask)],
-            [] if differentiable else [jnp.zeros_like(a) for a in _pick(xl, x_mask)],
+            [jnp.zeros_like(a) for a in _pick(xl, x_mask)],
         )
         if not differentiable:
-            (_, _, lam, ct_k, ct_x), _ = lax.scan(row_body, state, jnp.asarray(table))
-            return lam + ct_x + ct_k
+            return macro_sweep(state)
         # Reverse mode runs through this twin: the T table rows run in ~sqrt(T) checkpointed
         # blocks of ~sqrt(T) rows, so it keeps O(sqrt(T)) block states and rows' residuals
         # (T is about N times the repetition number): sublinear in N. Each step's x

@@ -14,7 +14,8 @@ differentiated with respect to its residuals, so it would break `vmap`, `jax.hes
 - batching: the same primitive over `jax.vmap` of the four functions.
 
 The functions take and return flat lists of arrays: ``fun(res, lin) -> out`` and
-``transpose(res, ct_out) -> ct_lin``.
+``transpose(res, ct_out) -> ct_lin``; a cotangent that is symbolically zero reaches
+``transpose`` as None.
 """
 
 from __future__ import annotations
@@ -87,19 +88,14 @@ def _transpose(cts, *args, callee, funs, num_res):
 
 
 def _without_zeros(funs: _Funs, avals, nonzero) -> _Funs:
-    """``funs`` whose linear inputs are only the ``nonzero`` ones (the others are zeros).
-
-    Zero cotangents made inside the function, not passed in, let XLA fold them away.
-    """
+    """``funs`` whose linear inputs are only the ``nonzero`` ones; the others reach ``fun``
+    as None (zero), so that it can skip the work they would take."""
     if all(nonzero):
         return funs
 
     def fill(t):
         it = iter(t)
-        return [
-            next(it) if nz else jnp.zeros(a.shape, a.dtype)
-            for a, nz in zip(avals, nonzero, strict=True)
-        ]
+        return [next(it) if nz else None for nz in nonzero]
 
     def keep(out):
         return [o for o, nz in zip(out, nonzero, strict=True) if nz]
