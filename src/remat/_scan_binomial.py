@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from ._revolve import revolve_schedule
 from ._scan_linear import linear_call
@@ -128,6 +129,19 @@ def _float0_fill(diff, full, mask):
     return _merge(diff, zeros, mask)
 
 
+def _tangent_fill(diff, full, mask):
+    """Tangents for ``full``: ``diff`` where ``mask`` (None: zero), else zeros (float0 for
+    integers)."""
+    it = iter(diff)
+    out = []
+    for a, m in zip(full, mask, strict=True):
+        d = next(it) if m else None
+        if d is None:
+            d = jnp.zeros_like(a) if _inexact(a) else np.zeros(np.shape(a), jax.dtypes.float0)
+        out.append(d)
+    return out
+
+
 def _split(leaves, sizes):
     out, start = [], 0
     for size in sizes:
@@ -202,24 +216,22 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
         return list(c), ys, buf
 
     sizes_res = (len(c0), len(x_leaves), len(k_leaves), len(c0))
-    sizes_lin = (sum(c_mask), sum(x_mask), sum(k_mask))
     sizes_out = (sum(c_mask), sum(y_mask), sum(c_mask))
 
-    def tangent(res, lin):
+    def tangent(res, lin, masks):
+        """The JVP of the sweep; ``lin`` holds the tangents the ``masks`` select."""
         c0, xl, kl, _ = _split(res, sizes_res)
-        primals = _pick(c0, c_mask) + _pick(xl, x_mask) + _pick(kl, k_mask)
-        lin = [jnp.zeros_like(p) if t is None else t for t, p in zip(lin, primals, strict=True)]
-        dc, dx, dk = _split(lin, sizes_lin)
-        tangents = (
-            _float0_fill(dc, c0, c_mask),
-            _float0_fill(dx, xl, x_mask),
-            _float0_fill(dk, kl, k_mask),
+        dc, dx, dk = _split(lin, [sum(m) for m in masks])
+        tangents = tuple(
+            _tangent_fill(d, full, m)
+            for d, full, m in zip((dc, dx, dk), (c0, xl, kl), masks, strict=True)
         )
         _, (tc, tys, tbuf) = jax.jvp(sweep, (c0, xl, kl), tangents)
         return _pick(tc, c_mask) + _pick(tys, y_mask) + _pick(tbuf, c_mask)
 
-    def backward(res, cts, differentiable=False):
-        """Revolve's backward sweep: the transpose of `tangent`."""
+    def backward(res, cts, masks, differentiable=False):
+        """Revolve's backward sweep: the transpose of `tangent`, for the same ``masks``."""
+        lc, lx, lk = masks
         c0, xl, kl, buf = _split(res, sizes_res)
         ct_c, ct_ys, ct_buf = _split(cts, sizes_out)  # None: a zero cotangent
         ct_c = [
@@ -233,12 +245,10 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
             x = x_at(xl, i)
 
             def diff_step(cd, xd, kd):
-                c_out, y = step(
-                    _merge(cd, cur, c_mask), _merge(xd, x, x_mask), _merge(kd, kl, k_mask)
-                )
+                c_out, y = step(_merge(cd, cur, c_mask), _merge(xd, x, lx), _merge(kd, kl, lk))
                 return _pick(c_out, c_mask), _pick(y, y_mask)
 
-            _, vjp = jax.vjp(diff_step, _pick(cur, c_mask), _pick(x, x_mask), _pick(kl, k_mask))
+            _, vjp = jax.vjp(diff_step, _pick(cur, c_mask), _pick(x, lx), _pick(kl, lk))
             ct_y = [
                 jnp.zeros(y.shape, y.dtype)
                 if a is None
@@ -261,7 +271,7 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
             j = jnp.clip(restore - 1, 0, rows - 1)
             held = [jnp.where(restore == 0, a, b[j]) for a, b in zip(c0, buf, strict=True)]
             cur = [jnp.where(restore >= 0, h, c) for h, c in zip(held, cur, strict=True)]
-            no_gx = [jnp.zeros(a.shape[1:], a.dtype) for a in _pick(xl, x_mask)]
+            no_gx = [jnp.zeros(a.shape[1:], a.dtype) for a in _pick(xl, lx)]
 
             def advance(args):
                 cur, lam, ct_k = args
@@ -322,14 +332,14 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
 
             table_m = jnp.asarray(macros)
             _, _, lam, ct_k, ct_x = lax.fori_loop(0, macros.shape[0], macro, state)
-            return lam + ct_x + ct_k
+            return _pick(_merge(lam, c0, c_mask), lc) + ct_x + ct_k
 
         state = (
             [b[first] for b in buf],
             buf,
             list(ct_c),
-            [jnp.zeros_like(a) for a in _pick(kl, k_mask)],
-            [jnp.zeros_like(a) for a in _pick(xl, x_mask)],
+            [jnp.zeros_like(a) for a in _pick(kl, lk)],
+            [jnp.zeros_like(a) for a in _pick(xl, lx)],
         )
         if not differentiable:
             return macro_sweep(state)
@@ -363,24 +373,33 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
         reversed_rows = np.nonzero(table[:, 2] == REVERSE)[0]
         order = reversed_rows[np.argsort([position(int(i)) for i in table[reversed_rows, 1]])]
         ct_x = [g.reshape(blocks * block_rows, *g.shape[2:])[order] for g in gx]
-        return lam + ct_x + ct_k
+        return _pick(_merge(lam, c0, c_mask), lc) + ct_x + ct_k
 
     @jax.custom_jvp
     def run(c0, xl, kl):
         return sweep(c0, xl, kl)
 
-    @run.defjvp
     def run_jvp(primals, tangents):
         c0, xl, kl = primals
-        dc, dx, dk = tangents
+        # Only the tangents that are not symbolic zeros are linear inputs: reverse mode then
+        # computes no cotangent for what it does not differentiate (e.g. data xs).
+        masks = tuple(
+            tuple(m and type(t) is not SymbolicZero for t, m in zip(ts, mask, strict=True))
+            for ts, mask in zip(tangents, (c_mask, x_mask, k_mask), strict=True)
+        )
         # The primal through `run` itself: an outer transformation sees this same rule.
         c, ys, buf = run(c0, xl, kl)
         out = linear_call(
-            tangent,
-            backward,
+            functools.partial(tangent, masks=masks),
+            functools.partial(backward, masks=masks),
             [*c0, *xl, *kl, *buf],
-            _pick(dc, c_mask) + _pick(dx, x_mask) + _pick(dk, k_mask),
-            transpose_diff=functools.partial(backward, differentiable=True),
+            [
+                t
+                for ts, mask in zip(tangents, masks, strict=True)
+                for t, m in zip(ts, mask, strict=True)
+                if m
+            ],
+            transpose_diff=functools.partial(backward, masks=masks, differentiable=True),
         )
         tc, tys, tbuf = _split(out, sizes_out)
         return (c, ys, buf), (
@@ -388,6 +407,8 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
             _float0_fill(tys, ys, y_mask),
             _float0_fill(tbuf, buf, c_mask),
         )
+
+    run.defjvp(run_jvp, symbolic_zeros=True)
 
     c, ys, _ = run(c0, x_leaves, k_leaves)
     return jax.tree_util.tree_unflatten(c_tree, c), jax.tree_util.tree_unflatten(y_tree, ys)

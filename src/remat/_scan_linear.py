@@ -74,31 +74,32 @@ def _abstract_eval(*args, callee, funs, num_res):
 
 
 def _transpose(cts, *args, callee, funs, num_res):
+    del callee
     res, lin = args[:num_res], args[num_res:]
     assert not any(ad.is_undefined_primal(a) for a in res)
     # ``fun`` is linear in all of ``lin`` together, so a known linear input only adds a
-    # constant to the output: the cotangents of the others do not depend on it.
+    # constant to the output: only the others' cotangents are computed.
+    undefined = [ad.is_undefined_primal(a) for a in lin]
     nonzero = [type(ct) is not ad.Zero for ct in cts]
-    ct_lin = _bind(_without_zeros(funs.swapped(), callee.out_avals, nonzero), list(res), [
-        ct for ct, nz in zip(cts, nonzero, strict=True) if nz
-    ])  # fmt: skip
-    return [None] * num_res + [
-        ct if ad.is_undefined_primal(a) else None for a, ct in zip(lin, ct_lin, strict=True)
-    ]
+    transposed = _only(_only(funs, undefined).swapped(), nonzero)
+    ct_lin = iter(
+        _bind(transposed, list(res), [ct for ct, nz in zip(cts, nonzero, strict=False) if nz])
+    )
+    return [None] * num_res + [next(ct_lin) if u else None for u in undefined]
 
 
-def _without_zeros(funs: _Funs, avals, nonzero) -> _Funs:
-    """``funs`` whose linear inputs are only the ``nonzero`` ones; the others reach ``fun``
-    as None (zero), so that it can skip the work they would take."""
-    if all(nonzero):
+def _only(funs: _Funs, wanted: list[bool]) -> _Funs:
+    """``funs`` restricted to the ``wanted`` linear inputs (the others reach ``fun`` as None,
+    a zero, so that it can skip the work they would take) and to their cotangents."""
+    if all(wanted):
         return funs
 
     def fill(t):
         it = iter(t)
-        return [next(it) if nz else None for nz in nonzero]
+        return [next(it) if w else None for w in wanted]
 
     def keep(out):
-        return [o for o, nz in zip(out, nonzero, strict=True) if nz]
+        return [o for o, w in zip(out, wanted, strict=True) if w]
 
     return _Funs(
         lambda r, t: funs.fun(r, fill(t)),
