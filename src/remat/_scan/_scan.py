@@ -34,6 +34,7 @@ from jax import lax
 
 from .._core._schedule import Binomial, Nested, check_schedule
 from .._core._strategy import resolve_policy
+from ._keys import with_raw_keys
 from ._revolve import revolve_schedule
 
 _NO_LENGTH = (
@@ -122,7 +123,10 @@ def scan(
     if schedule == "none" or n == 0:
         return lax.scan(f, init, xs, length=n, reverse=reverse)
     if isinstance(schedule, Binomial):
-        return _binomial_scan(f, init, xs, n, reverse, schedule.snapshots, policy)
+        run = functools.partial(
+            _binomial_scan, n=n, reverse=reverse, snapshots=schedule.snapshots, policy=policy
+        )
+        return with_raw_keys(run, f, init, xs)
     resolved = resolve_policy(policy, "remat.scan")
     step = f if resolved is None else jax.checkpoint(f, policy=resolved, prevent_cse=False)
     if schedule == "per_step":

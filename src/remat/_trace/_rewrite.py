@@ -363,7 +363,9 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
     return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
 
 
-def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callable[..., Any]:
+def apply(
+    fn: Callable[..., Any] | None = None, strategy: Any = None, *, has_aux: bool = False
+) -> Callable[..., Any]:
     """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
 
     ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
@@ -382,6 +384,10 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
         `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
         as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
         ``remat.apply(strategy=...)`` is a decorator.
+      has_aux: ``fn`` returns ``(loss, aux)``. The rewrite keeps any output structure, so
+        this changes nothing: the rewritten function returns what ``fn`` returns, ready for
+        ``jax.value_and_grad(..., has_aux=True)``. Accepted for symmetry with `remat.measure`
+        and `remat.plan`.
 
     Returns:
       A function with ``fn``'s signature and output structure, whose values and gradients
@@ -402,9 +408,11 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
       >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
       True
     """
+    if not isinstance(has_aux, bool):
+        raise TypeError(f"`remat.apply` got has_aux={has_aux!r}; pass True or False.")
     if fn is None:
         as_strategy(strategy, "remat.apply")  # validate now, not when decorating
-        return functools.partial(apply, strategy=strategy)
+        return functools.partial(apply, strategy=strategy, has_aux=has_aux)
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
     strategy = as_strategy(strategy, "remat.apply")
