@@ -133,15 +133,19 @@ def time_step(compiled: Any, args: Sequence[Any], spec: Any, repeats: int) -> Ti
     on copies of the parameters (they are donated), each step on the last one's outputs."""
     step = as_step(spec)
     if step.optimizer is None:
-        from ._measure import time_compiled
+        state, rest = (), tuple(args)
+    else:
+        params, opt_state, *others = _train_args(args, step, True)
+        state, rest = (jax.tree_util.tree_map(jnp.copy, params), opt_state), tuple(others)
 
-        return time_compiled(compiled, args, repeats)
-    params, opt_state, *rest = _train_args(args, step, True)
-    params = jax.tree_util.tree_map(jnp.copy, params)
-    params, opt_state, _ = jax.block_until_ready(compiled(params, opt_state, *rest))
+    def run(state):
+        out = jax.block_until_ready(compiled(*state, *rest))
+        return out[:2] if step.optimizer is not None else state
+
+    state = run(state)  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        params, opt_state, _ = jax.block_until_ready(compiled(params, opt_state, *rest))
+        state = run(state)
         times.append(time.perf_counter() - start)
     return Timing(median=statistics.median(times), min=min(times), max=max(times), repeats=repeats)

@@ -16,13 +16,15 @@ Any other in-place change to an argument (a list or dict whose entries ``fn`` re
 refused with an error that names it (`check_unchanged`): nothing is dropped silently.
 
 Example:
-  >>> import jax.numpy as jnp
+  >>> import jax, jax.numpy as jnp
   >>> from flax import nnx
-  >>> from remat._trace._state import lift, write_back
-  >>> counter = nnx.Variable(jnp.zeros(()))
-  >>> (lifted,), _, nodes = lift((counter,), {})
-  >>> nodes[0][1] is counter
-  True
+  >>> from remat._trace._state import lift, merged, write_back
+  >>> norm = nnx.BatchNorm(2, rngs=nnx.Rngs(0))
+  >>> (lifted, x), _, nodes = lift((norm, jnp.ones((4, 2)) * 3), {})
+  >>> out, states = merged(lambda m, x: m(x))(lifted, x)  # the merged copy's statistics move
+  >>> write_back(nodes, states)                             # and the caller's follow
+  >>> nodes[0][1] is norm, round(float(norm.mean[...][0]), 3)
+  (True, 0.03)
 """
 
 from __future__ import annotations
