@@ -27,11 +27,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from remat._io import replace_section
 from rich.console import Console
 from rich.table import Table
 
 import remat
-from remat._io import replace_section
 
 WIDTH = 64
 STEPS = (64, 1024, 8192)

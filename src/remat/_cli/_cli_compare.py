@@ -93,6 +93,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--baseline", default="none", help="strategy compared with (default none)")
     parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per strategy")
     parser.add_argument("--out", type=Path, help="directory for report.json and pareto.png")
     parser.set_defaults(func=run)
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         argnums=argnums,
         repeats=args.repeats,
         title=args.target,
+        has_aux=args.has_aux,
     )
     # As wide as the terminal (or $COLUMNS); at 60 columns the numbers still print whole.
     print(report.render(shutil.get_terminal_size((120, 24)).columns))

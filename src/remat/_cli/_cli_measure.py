@@ -21,6 +21,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("target", metavar="FILE_OR_MODULE:FACTORY")
     parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
     parser.add_argument("--strategy", default=None, help="apply this strategy first (e.g. full)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs after a warm-up")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the measurement")
@@ -42,7 +47,14 @@ def run(args: argparse.Namespace) -> int:
     fn, fn_args = load_target(args.target)
     from .._measure._measure import measure  # after the cheap checks: a bad target fails fast
 
-    m = measure(fn, *fn_args, argnums=argnums, strategy=strategy, repeats=args.repeats)
+    m = measure(
+        fn,
+        *fn_args,
+        argnums=argnums,
+        strategy=strategy,
+        repeats=args.repeats,
+        has_aux=args.has_aux,
+    )
     _print(m, args.target)
     if args.json is not None:
         text = json.dumps(dataclasses.asdict(m), indent=1) + "\n"

@@ -25,6 +25,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
     parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("remat-plan"), help="directory for plan.json"
     )
     parser.set_defaults(func=run)
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from .._plan._result import InfeasibleBudget
 
     try:
-        p = plan(fn, *fn_args, budget=budget, argnums=argnums)
+        p = plan(fn, *fn_args, budget=budget, argnums=argnums, has_aux=args.has_aux)
     except InfeasibleBudget as err:
         raise CliError(str(err).replace("`", ""), EXIT_INFEASIBLE) from err
     except ValueError as err:

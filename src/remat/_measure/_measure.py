@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._core._dtypes import dtype_of, is_float
 from .._core._strategy import as_strategy
 from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
@@ -32,6 +33,7 @@ from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, peak_bytes
 from ._residuals import saved_residuals
+from ._step import Step, argnums_of, as_step, grad_step, loss_of, lower_step, time_step
 
 _NOT_CALLABLE = "`remat.measure` got fn={got!r}, which is not callable; pass the loss function."
 _NOT_ARRAY = (
@@ -40,13 +42,18 @@ _NOT_ARRAY = (
     "with `functools.partial` or a lambda."
 )
 _NOT_FLOAT = (
-    "`remat.measure` differentiates argument(s) argnums={argnums}, but the leaf at {path} has "
-    "dtype {dtype}; gradients need floating-point inputs. Pass only float arguments in "
-    "`argnums`, or close over the integer ones."
+    "`remat.measure` differentiates argument(s) argnums={argnums}, but they have no "
+    "floating-point leaf (the leaf at {path} has dtype {dtype}); gradients need "
+    "floating-point inputs. Pass the parameters in `argnums`; integer leaves and PRNG keys "
+    "are treated as constants."
 )
 _NOT_SCALAR = (
     "`remat.measure` needs a scalar-valued (loss) function, but fn returned {got}. Reduce the "
     "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
+)
+_NOT_PAIR = (
+    "`remat.measure` got has_aux=True, so fn must return a pair (loss, aux), as for "
+    "`jax.value_and_grad(..., has_aux=True)`; it returned {got}."
 )
 _ABSTRACT_TIMED = (
     "`remat.measure` got a `jax.ShapeDtypeStruct` at {path} with repeats={repeats}; abstract "
@@ -168,11 +175,11 @@ def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: in
 
 
 def _dtype(leaf: Any) -> Any:
-    dtype = getattr(leaf, "dtype", None)
-    return np.dtype(dtype) if dtype is not None else jax.numpy.result_type(leaf)
+    return dtype_of(leaf)
 
 
 def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
+    argnums = argnums_of(argnums)
     n = len(args)
     argnums_t = (argnums,) if isinstance(argnums, int) else argnums
     if (
@@ -193,17 +200,26 @@ def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, .
                 raise TypeError(_ABSTRACT_TIMED.format(path=where, repeats=repeats))
         elif not isinstance(leaf, _SCALARS):
             raise TypeError(_NOT_ARRAY.format(kind=type(leaf).__name__, path=where))
-    for i in argnums_t:
-        for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
-            dtype = _dtype(leaf)
-            if not np.issubdtype(dtype, np.inexact):
-                where = f"args[{i}]" + jax.tree_util.keystr(path)
-                raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
+    # Only floating-point leaves are differentiated (see `_step.grad_step`); integer leaves
+    # and PRNG keys are constants. Differentiating nothing at all is a mistake.
+    diff = [
+        (f"args[{i}]" + jax.tree_util.keystr(path), _dtype(leaf))
+        for i in argnums_t
+        for path, leaf in jax.tree_util.tree_leaves_with_path(args[i])
+    ]
+    if diff and not any(is_float(dtype) for _, dtype in diff):
+        where, dtype = diff[0]
+        raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
     return tuple(argnums_t)
 
 
-def _check_scalar(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+def _check_scalar(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False) -> None:
     out = jax.eval_shape(fn, *args)
+    if has_aux:
+        if not isinstance(out, tuple | list) or len(out) != 2:
+            got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
+            raise ValueError(_NOT_PAIR.format(got=got))
+        out = out[0]
     leaves = jax.tree_util.tree_leaves(out)
     if (
         len(leaves) != 1
@@ -224,6 +240,8 @@ def measure(
     argnums: int | Sequence[int] = 0,
     strategy: Any = None,
     repeats: int = 5,
+    has_aux: bool = False,
+    optimizer: Any = None,
 ) -> Measurement:
     """Compiles ``jax.value_and_grad(fn, argnums)`` with `jax.jit` and measures it.
 
@@ -251,6 +269,13 @@ def measure(
       strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
         strategy `remat.apply` takes). None measures ``fn`` as written.
       repeats: timed runs after one warm-up run; 0 skips timing (``seconds=None``).
+      has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; the aux is an
+        output of the measured step.
+      optimizer: an optax ``GradientTransformation``: measure the whole training step
+        (value and gradient, ``optimizer.update``, ``optax.apply_updates``) with the
+        parameters ``args[argnums]`` and the optimizer state donated, as a training loop
+        runs it (see `remat._measure._step`); ``argnums`` must then be one int. The
+        optimizer state is made with ``optimizer.init`` (abstractly unless timed).
 
     Returns:
       A `remat.Measurement`.
@@ -283,6 +308,7 @@ def measure(
         raise ValueError(_BAD_REPEATS.format(got=repeats))
     argnums_t = _check_args(args, argnums, repeats)
     argnums = argnums if isinstance(argnums, int) else argnums_t
+    spec = as_step(Step(argnums, bool(has_aux), optimizer))
 
     if strategy is None:
         target, plain, label = fn, None, "none"
@@ -291,11 +317,11 @@ def measure(
 
         strategy_obj = as_strategy(strategy, "remat.measure")
         target, plain, label = apply(fn, strategy_obj), fn, strategy_obj.name
-    _check_scalar(target, args)
+    _check_scalar(target, args, spec.has_aux)
 
-    step = jax.value_and_grad(target, argnums)
+    step = grad_step(target, spec)
     start = time.perf_counter()
-    compiled = jax.jit(step).lower(*args).compile()
+    compiled = lower_step(target, args, spec).compile()
     compile_seconds = time.perf_counter() - start
     memory = measure_compiled(compiled)
     flops = hlo_flops(compiled.as_text())
@@ -306,20 +332,20 @@ def measure(
     if forward_flops is None:
         forward_flops = hlo_flops(jax.jit(fn).lower(*args).compile().as_text())
         _remember(forward_key, forward_flops)
-    residuals = saved_residuals(target, *args, argnums=argnums)
+    residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
 
     requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
     eliminated, plain_flops, plain_peak = False, None, None
     if not requested:
-        _remember(_memo_key(target, argnums, args), (flops, memory["peak_bytes"]))
+        _remember(_memo_key(target, spec, args), (flops, memory["peak_bytes"]))
     else:
-        key = _memo_key(plain if plain is not None else target, argnums, args)
+        key = _memo_key(plain if plain is not None else target, spec, args)
         if plain is None:
             plain, key = strip_checkpoints(target), key and (*key, "stripped")
-        plain_step = jax.value_and_grad(plain, argnums)
+        plain_step = grad_step(plain, spec)
         remembered = _FLOPS_MEMO.get(key) if key is not None else None
         if remembered is None:
-            compiled_plain = jax.jit(plain_step).lower(*args).compile()
+            compiled_plain = lower_step(plain, args, spec).compile()
             remembered = (hlo_flops(compiled_plain.as_text()), peak_bytes(compiled_plain))
             _remember(key, remembered)
         plain_peak = remembered[1]
@@ -356,7 +382,7 @@ def measure(
             stacklevel=2,
         )
 
-    seconds = time_compiled(compiled, args, repeats) if repeats > 0 else None
+    seconds = time_step(compiled, args, spec, repeats) if repeats > 0 else None
     return Measurement(
         **memory,
         residuals=residuals,

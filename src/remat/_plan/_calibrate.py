@@ -19,6 +19,7 @@ import jax
 from .._core._schedule import Binomial, Nested
 from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
+from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
 from .._trace._tag import planned_scans, rewrite
 from ._compile import compile_measure, light_peak
@@ -88,12 +89,13 @@ def prepare(
     schedules: bool,
     host_bandwidth: float | None = None,
 ):
-    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
+        argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
         raise TypeError(_ABSTRACT)
     try:  # the same checks as `remat.measure`, named for `remat.plan`
         _check_args(args, argnums, 0)
-        _check_scalar(fn, args)
+        _check_scalar(fn, args, getattr(argnums, "has_aux", False))
     except (TypeError, ValueError) as err:
         raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
     clock = time.perf_counter()

@@ -11,6 +11,7 @@ import jax
 
 from .._core._warnings import RematWarning
 from .._measure._measurement import Measurement
+from .._measure._step import argnums_of, as_step, loss_of, lower_step
 
 
 def peak_of(m: Measurement) -> int:
@@ -27,6 +28,8 @@ def compile_measure(
 ) -> Measurement:
     """`remat.measure`'s numbers for ``fn`` from a single compile of its gradient step.
 
+    ``argnums`` may be a `remat._measure._step.Step` (aux outputs, an optimizer's step).
+
     Memory and FLOPs are read as `remat.measure` reads them; ``forward_flops`` is the traced
     matmul count (checkpointing does not change the forward pass), and the recomputation is
     judged eliminated when the plan's matmul FLOPs are not above the un-checkpointed step's.
@@ -37,16 +40,15 @@ def compile_measure(
     from .._shard._sharding import num_devices
     from .._trace._checkpoints import traced_dot_flops
 
-    step = jax.value_and_grad(fn, argnums)
     start = time.perf_counter()
-    compiled = jax.jit(step).lower(*args).compile()
+    compiled = lower_step(fn, args, argnums).compile()
     seconds = time.perf_counter() - start
     with warnings.catch_warnings():
         # A Binomial schedule's backward loop has a data-dependent trip count that the HLO
         # reader cannot see: its FLOPs are then a lower bound (see the module docstring).
         warnings.simplefilter("ignore", RematWarning)
         flops = hlo_flops(compiled.as_text())
-    residuals = saved_residuals(fn, *args, argnums=argnums)
+    residuals = saved_residuals(loss_of(fn, as_step(argnums)), *args, argnums=argnums_of(argnums))
     forward = traced_dot_flops(jax.make_jaxpr(fn)(*args).jaxpr)
     requested = baseline is not None
     return Measurement(
@@ -70,4 +72,4 @@ def light_peak(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> int
     """The peak of the compiled gradient step (one compile, nothing else)."""
     from .._measure._peak import peak_bytes
 
-    return peak_bytes(jax.jit(jax.value_and_grad(fn, argnums)).lower(*args).compile())
+    return peak_bytes(lower_step(fn, args, argnums).compile())

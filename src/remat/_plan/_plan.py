@@ -25,6 +25,7 @@ it the measured FLOPs are a lower bound (the model's ``recompute_flops`` are not
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
+from .._measure._step import Step, as_step
 from ._args import (
     check_bool,
     check_device_memory,
@@ -56,6 +58,8 @@ def plan(
     device_memory: int | None = None,
     offload: bool = False,
     host_bandwidth: float = HOST_BANDWIDTH,
+    has_aux: bool = False,
+    optimizer: Any = None,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -85,6 +89,12 @@ def plan(
         host memory space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and
         the plan is made without offloading.
       host_bandwidth: device-to-host bytes per second, each way (default 25e9, PCIe 4.0).
+      has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; ``plan.fn``
+        returns the same pair.
+      optimizer: an optax ``GradientTransformation``: the budget is the peak of the whole
+        training step (value and gradient, ``optimizer.update``, ``optax.apply_updates``,
+        parameters and optimizer state donated), and ``plan.step(params, opt_state, *rest)``
+        runs that step, returning ``(params, opt_state, loss)``. ``argnums`` must be one int.
 
     For arguments sharded over a mesh (or a ``jax.jit`` with ``in_shardings``), the budget
     and every memory number are per device, as XLA's memory analysis of the SPMD program.
@@ -125,8 +135,26 @@ def plan(
     offload = _offload_wanted(offload, host_bandwidth)
     if device_memory is None:
         device_memory = device_memory_bytes()
-    prepared = prepare(fn, args, argnums, schedules, host_bandwidth if offload else None)
-    return plan_prepared(prepared, budget, max_rounds, device_memory)
+    spec = _step_spec(argnums, has_aux, optimizer)
+    prepared = prepare(fn, args, spec, schedules, host_bandwidth if offload else None)
+    return _finished(plan_prepared(prepared, budget, max_rounds, device_memory), spec)
+
+
+def _step_spec(argnums: Any, has_aux: bool, optimizer: Any) -> Any:
+    """``argnums`` itself for a plain gradient step, else the `Step` that describes it."""
+    if not has_aux and optimizer is None:
+        return argnums
+    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    return as_step(Step(argnums, bool(has_aux), optimizer), "remat.plan")
+
+
+def _finished(result: Plan, spec: Any) -> Plan:
+    """The plan with its step's description as plain fields (``argnums`` as JSON data)."""
+    if not isinstance(spec, Step):
+        return result
+    return dataclasses.replace(
+        result, argnums=spec.argnums, has_aux=spec.has_aux, optimizer=spec.optimizer
+    )
 
 
 def _offload_wanted(offload: bool, host_bandwidth: float) -> bool:
@@ -148,6 +176,8 @@ def plan_budgets(
     argnums: int | Sequence[int] = 0,
     schedules: bool = True,
     max_rounds: int = 4,
+    has_aux: bool = False,
+    optimizer: Any = None,
 ) -> list[Plan | InfeasibleBudget]:
     """`plan` at several budgets, sharing the tracing, modelling and calibration compiles.
 
@@ -158,11 +188,12 @@ def plan_budgets(
     read = read_budgets(budgets)  # every budget is checked before anything is compiled
     check_bool(schedules, "schedules", "plan_budgets")
     check_max_rounds(max_rounds, "plan_budgets")
-    prep = prepare(fn, args, argnums, schedules)
+    spec = _step_spec(argnums, has_aux, optimizer)
+    prep = prepare(fn, args, spec, schedules)
     out: list[Plan | InfeasibleBudget] = []
     for budget in read:
         try:
-            out.append(plan_prepared(prep, budget, max_rounds))
+            out.append(_finished(plan_prepared(prep, budget, max_rounds), spec))
         except InfeasibleBudget as err:
             out.append(err)
     return out

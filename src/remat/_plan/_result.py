@@ -4,6 +4,7 @@ fingerprint of the program a plan is for."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -32,6 +33,13 @@ _INFEASIBLE = (
     "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
     "un-checkpointed peak {baseline}). Raise the budget to at least {smallest}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
+)
+
+
+_NO_OPTIMIZER = (
+    "`Plan.step` needs the optimizer the plan was made for; this plan was made without one. "
+    "Plan with `remat.plan(loss, *args, budget=..., optimizer=tx)` (an optax "
+    "GradientTransformation), or use `plan.fn` as the loss in your own step."
 )
 
 
@@ -76,6 +84,10 @@ class Plan:
       solve_seconds: seconds spent modelling and solving, without the compiles.
       rounds: solve-and-measure rounds it took.
       fingerprint: hash of the traced program the plan is for (see `load_plan`).
+      argnums: the differentiated arguments (with an optimizer: the parameters).
+      has_aux: ``fn`` returns ``(loss, aux)``.
+      optimizer: the optax ``GradientTransformation`` the budget's step applies (None: the
+        gradient step); not written to JSON (pass it to `remat.load_plan` again).
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -89,6 +101,25 @@ class Plan:
     rounds: int
     fingerprint: str
     argnums: int | tuple[int, ...] = 0
+    has_aux: bool = False
+    optimizer: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def step(self) -> Callable[..., Any]:
+        """The jitted training step the plan was made for: ``step(params, opt_state, *rest)
+        -> (params, opt_state, loss)`` (``loss`` is ``(loss, aux)`` with ``has_aux``), with
+        ``fn`` checkpointed as planned and ``params``/``opt_state`` donated. ``rest`` are
+        ``fn``'s other arguments, in order. Equal to optax's own step on the plain loss.
+
+        Raises:
+          ValueError: for a plan made without ``optimizer=``.
+        """
+        if self.optimizer is None:
+            raise ValueError(_NO_OPTIMIZER)
+        from .._measure._step import train_step
+
+        train = train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
+        return jax.jit(train, donate_argnums=(0, 1))
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -134,7 +165,7 @@ class Plan:
             **{
                 f.name: to_plain(getattr(self, f.name))
                 for f in dataclasses.fields(self)
-                if f.name not in ("fn", "scans", "measured")
+                if f.name not in ("fn", "scans", "measured", "optimizer")
             },
             "scans": [
                 {

@@ -68,6 +68,8 @@ def compare(
     repeats: int = 5,
     title: str = "",
     progress: bool = True,
+    has_aux: bool = False,
+    optimizer: object = None,
 ) -> Report:
     """Measures ``jax.value_and_grad(fn, argnums)`` under each strategy and the baseline.
 
@@ -87,6 +89,9 @@ def compare(
       repeats: timed runs per strategy (after a warm-up); 0 skips timing.
       title: what is being measured, shown above the table and the plot.
       progress: show the progress bar (when stderr is a terminal).
+      has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`.
+      optimizer: an optax ``GradientTransformation``: measure the whole training step, as
+        `remat.measure` does with it (parameters and optimizer state donated).
 
     Returns:
       A `remat.Report` with one row per strategy, the baseline's row first.
@@ -115,7 +120,7 @@ def compare(
         raise ValueError(_BAD_PROGRESS.format(got=progress))
     try:  # `remat.measure`'s input checks, named for `remat.compare`, before any compiling
         _check_args(args, argnums, repeats)
-        _check_scalar(fn, args)
+        _check_scalar(fn, args, has_aux)
     except (TypeError, ValueError) as err:
         raise type(err)(str(err).replace("`remat.measure`", "`remat.compare`")) from None
     entries = _labelled(strategies)
@@ -145,7 +150,15 @@ def compare(
             rows.append(
                 (
                     label,
-                    measure(fn, *args, argnums=argnums, strategy=strategy, repeats=repeats),
+                    measure(
+                        fn,
+                        *args,
+                        argnums=argnums,
+                        strategy=strategy,
+                        repeats=repeats,
+                        has_aux=has_aux,
+                        optimizer=optimizer,
+                    ),
                 )
             )
         advance(None)

@@ -31,10 +31,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _scan_checks as checks
-from ._scan_binomial import binomial_scan
 from .._core._schedule import Binomial, Nested, check_schedule
 from .._core._strategy import resolve_policy
+from . import _scan_checks as checks
+from ._keys import with_raw_keys
+from ._scan_binomial import binomial_scan
 
 _SHORT_LENGTHS = (
     "`remat.scan` got schedule=Nested(lengths={lengths}) whose product {product} is less than "
@@ -125,7 +126,12 @@ def scan(
     if n == 0:
         return lax.scan(f, init, xs, **lax_args)
     if binomial:
-        return binomial_scan(f, init, xs, n, reverse, unroll, schedule.snapshots, policy)
+        snapshots = schedule.snapshots
+
+        def run(f: Callable[..., Any], init: Any, xs: Any) -> Any:
+            return binomial_scan(f, init, xs, n, reverse, unroll, snapshots, policy)
+
+        return with_raw_keys(run, f, init, xs)
     assert isinstance(schedule, Nested)
     lengths = schedule.lengths or nested_lengths(n, schedule.levels)
     if math.prod(lengths) < n:

@@ -32,9 +32,9 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from .._core._strategy import resolve_policy
 from ._revolve import revolve_schedule
 from ._scan_linear import linear_call
-from .._core._strategy import resolve_policy
 
 ADVANCE, REVERSE, NOTHING = 0, 1, 2
 

@@ -56,6 +56,7 @@ from .._core._strategy import Strategy, as_strategy, resolve_policy
 from .._core._warnings import RematWarning
 from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
 from ._scan_info import _source as _source  # imported from here by `_costmodel`
+from ._state import check_unchanged, has_nodes, lift, merged, write_back
 
 _P = jcore.primitives
 _count = count  # the number of scans in a jaxpr; imported from here by `_tag`
@@ -93,14 +94,17 @@ def _split_args(args, kwargs):
     return leaves, treedef, dynamic, (treedef, static, avals)
 
 
-def _trace(fn, leaves, treedef) -> _Traced:
+def _trace(fn, leaves, treedef, check=True) -> _Traced:
     is_dyn = [_is_array(x) for x in leaves]
 
     def flat(*dynamic):
         it = iter(dynamic)
         full = [next(it) if d else x for x, d in zip(leaves, is_dyn, strict=True)]
         args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
-        return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
+        if check:  # (nnx nodes, lifted, hand their changes back: see `_state`)
+            check_unchanged(_name(fn), (args, kwargs), full, treedef)
+        return out
 
     specs = [
         jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
@@ -112,7 +116,7 @@ def _trace(fn, leaves, treedef) -> _Traced:
     return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
 
 
-def _rewritten(fn, evaluator):
+def _rewritten(fn, evaluator, lift_nodes=True):
     """``fn2(*args, **kwargs)``: traces ``fn`` (cached per input structure, shapes and dtypes),
     then runs ``evaluator(traced)(*arrays)``, the rewritten program on the array leaves.
 
@@ -123,12 +127,21 @@ def _rewritten(fn, evaluator):
     cache: dict[Any, tuple[_Traced, Callable[..., Any], Callable[..., Any]]] = {}
 
     def entry(leaves, treedef):
-        traced = _trace(fn, leaves, treedef)
+        traced = _trace(fn, leaves, treedef, check=lift_nodes)
         run = evaluator(traced)
         return traced, run, jax.jit(run)
 
+    stateful: list[Callable[..., Any]] = []  # ``fn`` on lifted nnx nodes, made when needed
+
     @functools.wraps(fn)
     def fn2(*args, **kwargs):
+        if lift_nodes and has_nodes((args, kwargs)):  # nnx modules: state changes are kept
+            args, kwargs, nodes = lift(args, kwargs)
+            if not stateful:
+                stateful.append(_rewritten(merged(fn), evaluator, lift_nodes=False))
+            out, states = stateful[0](*args, **kwargs)
+            write_back(nodes, states)
+            return out
         leaves, treedef, dynamic, key = _split_args(args, kwargs)
         try:
             hash(key)
@@ -144,6 +157,10 @@ def _rewritten(fn, evaluator):
         return jax.tree_util.tree_unflatten(traced.out_tree, outs)
 
     return fn2
+
+
+def _name(fn: Any) -> str:
+    return f"`{getattr(fn, '__qualname__', repr(fn))}`"
 
 
 _NOT_CALLABLE = "`{where}` got fn={got!r}, which is not callable; pass the function to rewrite."
@@ -175,8 +192,12 @@ def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanIn
     """
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.list_scans", got=fn))
+    has_nodes_lifted = has_nodes((args, kwargs))
+    if has_nodes_lifted:
+        args, kwargs, _ = lift(args, kwargs)
+        fn = merged(fn)
     leaves, treedef, _, _ = _split_args(args, kwargs)
-    return list(_trace(fn, leaves, treedef).scans)
+    return list(_trace(fn, leaves, treedef, check=not has_nodes_lifted).scans)
 
 
 ### Interpreter
@@ -363,7 +384,9 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
     return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
 
 
-def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callable[..., Any]:
+def apply(
+    fn: Callable[..., Any] | None = None, strategy: Any = None, *, has_aux: bool = False
+) -> Callable[..., Any]:
     """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
 
     ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
@@ -382,6 +405,10 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
         `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
         as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
         ``remat.apply(strategy=...)`` is a decorator.
+      has_aux: ``fn`` returns ``(loss, aux)``. The rewrite keeps any output structure, so
+        this changes nothing: the rewritten function returns what ``fn`` returns, ready for
+        ``jax.value_and_grad(..., has_aux=True)``. Accepted for symmetry with `remat.measure`
+        and `remat.plan`.
 
     Returns:
       A function with ``fn``'s signature and output structure, whose values and gradients
@@ -402,9 +429,11 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
       >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
       True
     """
+    if not isinstance(has_aux, bool):
+        raise TypeError(f"`remat.apply` got has_aux={has_aux!r}; pass True or False.")
     if fn is None:
         as_strategy(strategy, "remat.apply")  # validate now, not when decorating
-        return functools.partial(apply, strategy=strategy)
+        return functools.partial(apply, strategy=strategy, has_aux=has_aux)
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
     strategy = as_strategy(strategy, "remat.apply")
