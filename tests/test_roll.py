@@ -26,8 +26,9 @@ def check(loss, params, *args, lengths, scale=10.0):
     assert [r.length for r in runs] == lengths, runs
     rolled = roll(loss)
     if lengths:
-        closed = jax.make_jaxpr(rolled)(params, *args)
-        assert sum(e.primitive.name == "scan" for e in closed.jaxpr.eqns) >= len(lengths)
+        scans = [s for s in remat.list_scans(rolled, params, *args) if s.name.startswith("rolled")]
+        assert [s.name for s in scans] == [f"rolled_{k}_layers" for k in lengths]
+        assert [s.length for s in scans] == lengths
     want = jax.jit(jax.value_and_grad(loss))(params, *args)
     got = jax.jit(jax.value_and_grad(rolled))(params, *args)
     assert_tree_allclose(got, want, scale=scale)
@@ -319,7 +320,7 @@ def test_transformer_six_layers():
 
 
 def test_rolled_and_checkpointed_peak_is_below_as_written():
-    """Activations dominate: 12 layers of a (256, 32) stream through a 4x wider MLP."""
+    """Activations dominate: 8 layers of a (512, 16) stream through a 4x wider MLP."""
 
     def loss(params, x):
         for p in params:
@@ -328,10 +329,10 @@ def test_rolled_and_checkpointed_peak_is_below_as_written():
 
     key = jax.random.key(0)
     params = [
-        {"up": jax.random.normal(k, (32, 128)) / 6, "down": jax.random.normal(k, (128, 32)) / 12}
-        for k in jax.random.split(key, 12)
+        {"up": jax.random.normal(k, (16, 64)) / 4, "down": jax.random.normal(k, (64, 16)) / 8}
+        for k in jax.random.split(key, 8)
     ]
-    x = jax.random.normal(key, (256, 32))
+    x = jax.random.normal(key, (512, 16))
 
     def peak(fn):
         m = jax.jit(jax.value_and_grad(fn)).lower(params, x).compile().memory_analysis()
@@ -343,8 +344,14 @@ def test_rolled_and_checkpointed_peak_is_below_as_written():
         )
 
     rolled = remat.apply(roll(loss), "full")
-    assert_tree_allclose(jax.value_and_grad(rolled)(params, x), jax.value_and_grad(loss)(params, x))
-    assert peak(rolled) < 0.7 * peak(loss)
+    assert_tree_allclose(
+        jax.jit(jax.value_and_grad(rolled))(params, x),
+        jax.jit(jax.value_and_grad(loss))(params, x),
+        scale=10.0,
+    )
+    written, checkpointed = peak(loss), peak(rolled)
+    print(f"peak as written {written} B, rolled + full {checkpointed} B")
+    assert checkpointed < 0.7 * written
 
 
 def test_two_hundred_layers_in_seconds():
@@ -361,3 +368,37 @@ def test_two_hundred_layers_in_seconds():
     )
     assert run.length == 200 and sum(e.primitive.name == "scan" for e in rolled.eqns) == 1
     assert t2 - t1 < 10
+
+
+def test_custom_vjp_layers_inside_a_jitted_loss():
+    @jax.custom_vjp
+    def clip_grad(x):
+        return x
+
+    clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+
+    @jax.jit
+    def inner(params, x):
+        for p in params:
+            x = x + clip_grad(jnp.tanh(x @ p["w"] + p["b"]))
+        return jnp.sum(x**2)
+
+    def loss(params, x):
+        return inner(params, x)
+
+    (run,) = check(loss, dense_params(jax.random.key(8), [W] * 5), X, lengths=[4])
+    assert run.path == (0,)  # inside the jit
+
+
+def test_a_key_made_for_the_next_layer_is_carried_from_the_hoisted_equations():
+    def loss(params, x, key):
+        prev = key
+        for i, p in enumerate(params):
+            k = jax.random.fold_in(key, i)  # per-layer literal: hoisted
+            x = x + jnp.tanh(x @ p["w"]) * jax.random.uniform(prev, x.shape)
+            prev = k  # read by the next layer: a carry made by a hoisted equation
+        return jnp.sum(x**2)
+
+    params = dense_params(jax.random.key(9), [W] * 5)
+    (run,) = check(loss, params, X, jax.random.key(1), lengths=[4])
+    assert run.hoisted and any(kind == "xs" for kind, _ in run.plan.carry_out)

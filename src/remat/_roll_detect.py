@@ -55,10 +55,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import os
 from typing import Any
 
 import jax
 import numpy as np
+from jax._src import linear_util as lu  # custom_vjp_call's rules are `lu.WrappedFun`s
 from jax.extend import core as jcore
 
 from ._scan_info import _source
@@ -66,6 +69,7 @@ from ._scan_info import _source
 _P = jcore.primitives
 _CANDIDATES = 24  # candidate periods tried per jaxpr
 _CALLS = ("jit", "closed_call")  # searched inside when not part of a run
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep  # JAX's own code lies below it
 
 
 ### Runs
@@ -84,6 +88,7 @@ class _RunPlan:
     hoisted: tuple[int, ...]  # positions evaluated for every layer before the scan
     sources: tuple[tuple[tuple[str, Any], ...], ...]
     carry: tuple[tuple[int, int], ...]  # (position, output index) of each carried value
+    carry_out: tuple[tuple[str, Any], ...]  # where the body finds it: ("local", var) or ("xs", x)
     init: tuple[Any, ...]  # the outside variable layer 0 reads for each carried value
     xs: tuple[tuple[Any, ...], ...]  # per stacked input: its variable in every layer
     ys: tuple[tuple[int, int], ...]  # (position, output index) of each per-layer output
@@ -183,7 +188,7 @@ class _Tokens:
             return tuple(sorted((k, self.freeze(x)) for k, x in v.items()))
         if isinstance(v, np.ndarray | jax.Array):
             return _const(v)
-        if callable(v) and not isinstance(v, type):
+        if isinstance(v, lu.WrappedFun) or (callable(v) and not isinstance(v, type)):
             return _code(v)
         try:
             hash(v)
@@ -191,11 +196,11 @@ class _Tokens:
             return ("repr", repr(v))
         return v
 
-    def strict_key(self, e) -> tuple:
+    def strict_key(self, e, loose: tuple | None = None) -> tuple:
         params = tuple(sorted((k, self.freeze(x)) for k, x in e.params.items()))
         effects = (id(e),) if e.effects else ()  # effectful equations never repeat
         literals = tuple(_literal(v) for v in e.invars if _is_lit(v))
-        return (*self.loose_key(e), params, literals, effects)
+        return (*(loose or self.loose_key(e)), params, literals, effects)
 
     @staticmethod
     def loose_key(e) -> tuple:
@@ -207,12 +212,15 @@ def _is_lit(v) -> bool:
     return isinstance(v, jcore.Literal)
 
 
-def _aval(a) -> tuple:
-    return (str(a), bool(getattr(a, "weak_type", False)))
+def _aval(a):
+    """Avals hash and compare by shape, dtype, weak type and sharding."""
+    return a
 
 
 def _literal(v) -> tuple:
-    return ("lit", _aval(v.aval), repr(v.val))
+    val = v.val
+    item = val.item() if hasattr(val, "item") else val
+    return ("lit", _aval(v.aval), type(val).__name__, str(getattr(val, "dtype", "")), item)
 
 
 def _const(c) -> tuple:
@@ -222,17 +230,44 @@ def _const(c) -> tuple:
     return ("const", a.shape, str(a.dtype), hash(a.tobytes()))
 
 
-def _code(f) -> tuple:
-    """Callables compare by the code object they wrap (rules, policies, thunks)."""
+def _code(f, depth: int = 0) -> tuple:
+    """Callables compare by the code they wrap and what it closes over, so two rules that
+    could compute differently never match: functions (and ``lu.WrappedFun``s) by their own
+    code, hashable values by value, anything else by identity. JAX's own thunks (made per
+    call, holding memo tables and stores) compare by the functions they close over only."""
+    if isinstance(f, lu.WrappedFun):
+        steps = tuple(_code(t[0] if isinstance(t, tuple) else t, depth + 1) for t in f.transforms)
+        return ("code", "wrapped", _code(f.f, depth + 1), steps)
+    bound: list[Any] = []
     for _ in range(8):
         code = getattr(f, "__code__", None)
         if code is not None:
-            return ("code", code.co_filename, code.co_firstlineno, code.co_name)
+            cells = tuple(_cell(c.cell_contents, depth) for c in (f.__closure__ or ()))
+            if code.co_filename.startswith(_JAX_DIR):  # JAX's own thunks: only the functions
+                cells = tuple(c for c in cells if isinstance(c, tuple) and c[:1] == ("code",))
+            where = (code.co_filename, code.co_firstlineno, code.co_name)
+            return ("code", where, cells, tuple(bound))
+        if isinstance(f, functools.partial):
+            bound.append((tuple(map(_by_value, f.args)), tuple(map(_by_value, f.keywords))))
         inner = getattr(f, "f", None) or getattr(f, "func", None) or getattr(f, "__wrapped__", None)
         if inner is None:
             break
         f = inner
-    return ("callable", type(f).__qualname__)
+    return ("callable", _by_value(f))
+
+
+def _cell(x, depth: int) -> Any:
+    if depth < 4 and (isinstance(x, lu.WrappedFun) or (callable(x) and not isinstance(x, type))):
+        return _code(x, depth + 1)
+    return _by_value(x)
+
+
+def _by_value(x) -> Any:
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return x
 
 
 ### Dataflow
@@ -412,6 +447,13 @@ def _plan(flow, strict, start, period, k) -> tuple[_RunPlan, dict]:
                 else:
                     row.append(("xs", xs.setdefault(per, len(xs))))
         sources.append(tuple(row))
+    carry_out = []
+    for q, o in carry:
+        if q in hoist:  # the next layer reads a hoisted value: the body passes it on from xs
+            per = tuple(eqns[idx[L][q]].outvars[o] for L in range(k))
+            carry_out.append(("xs", xs.setdefault(per, len(xs))))
+        else:
+            carry_out.append(("local", eqns[idx[0][q]].outvars[o]))
     stop = start + k * period
     ys = []
     for q in body:
@@ -429,6 +471,7 @@ def _plan(flow, strict, start, period, k) -> tuple[_RunPlan, dict]:
         hoisted=tuple(sorted(hoist)),
         sources=tuple(sources),
         carry=tuple(carry),
+        carry_out=tuple(carry_out),
         init=tuple(init),
         xs=tuple(xs),
         ys=tuple(ys),
@@ -476,8 +519,9 @@ def _search(jaxpr, tokens: _Tokens, mismatches: list) -> list[tuple[int, int, in
     eqns = jaxpr.eqns
     if len(eqns) < 2:
         return []
-    loose = np.array([tokens.intern(tokens.loose_key(e)) for e in eqns], np.int64)
-    strict = [tokens.intern(tokens.strict_key(e)) for e in eqns]
+    keys = [tokens.loose_key(e) for e in eqns]
+    loose = np.array([tokens.intern(k) for k in keys], np.int64)
+    strict = [tokens.intern(tokens.strict_key(e, k)) for e, k in zip(eqns, keys, strict=True)]
     flow = _Flow.of(jaxpr)
     found = []
     for p in _candidates(loose):

@@ -80,7 +80,7 @@ def _run_scan(run: Run, eqns, env) -> None:
                 else:
                     invals.append(ref)
             _write(local, e, _bind(e, invals))
-        new = [local[eqns[s + q].outvars[o]] for q, o in plan.carry]
+        new = [local[ref] if kind == "local" else x[ref] for kind, ref in plan.carry_out]
         return new, [local[eqns[s + q].outvars[o]] for q, o in plan.ys]
 
     traceback = eqns[s].source_info.traceback
