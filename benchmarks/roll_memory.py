@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 import remat
-from remat._roll_rewrite import list_runs, roll
+from remat._trace._roll_rewrite import list_runs, roll
 
 
 def norm(h, g):

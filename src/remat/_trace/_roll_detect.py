@@ -565,7 +565,7 @@ def find_runs(closed_jaxpr: jcore.ClosedJaxpr) -> list[Run]:
 
     Example:
       >>> import jax, jax.numpy as jnp
-      >>> from remat._roll_detect import find_runs
+      >>> from remat._trace._roll_detect import find_runs
       >>> def f(ws, x):
       ...     for w in ws:
       ...         x = jnp.tanh(x @ w)
@@ -617,7 +617,7 @@ def explain_no_roll(closed_jaxpr: jcore.ClosedJaxpr) -> str:
 
     Example:
       >>> import jax, jax.numpy as jnp
-      >>> from remat._roll_detect import explain_no_roll
+      >>> from remat._trace._roll_detect import explain_no_roll
       >>> explain_no_roll(jax.make_jaxpr(lambda x: jnp.sin(x).sum())(jnp.ones(3)))
       'no repeated structure found: no sequence of equations repeats (2 equations)'
     """

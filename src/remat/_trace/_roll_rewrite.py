@@ -140,7 +140,7 @@ def roll_jaxpr(
 
     Example:
       >>> import jax, jax.numpy as jnp
-      >>> from remat._roll_rewrite import roll_jaxpr
+      >>> from remat._trace._roll_rewrite import roll_jaxpr
       >>> def f(ws, x):
       ...     for w in ws:
       ...         x = jnp.tanh(x @ w)
@@ -185,7 +185,7 @@ def roll(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     Example:
       >>> import jax, jax.numpy as jnp
-      >>> from remat._roll_rewrite import roll
+      >>> from remat._trace._roll_rewrite import roll
       >>> def f(ws, x):
       ...     for w in ws:
       ...         x = jnp.tanh(x @ w)
@@ -230,7 +230,7 @@ def list_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Run]:
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from remat._roll_rewrite import list_runs
+      >>> from remat._trace._roll_rewrite import list_runs
       >>> def f(ws, x):
       ...     for w in ws:
       ...         x = x + jnp.sin(x @ w)

@@ -13,8 +13,8 @@ from flax import nnx
 
 import remat
 from conftest import assert_tree_allclose
-from remat._roll_detect import explain_no_roll, find_runs
-from remat._roll_rewrite import list_runs, roll, roll_jaxpr
+from remat._trace._roll_detect import explain_no_roll, find_runs
+from remat._trace._roll_rewrite import list_runs, roll, roll_jaxpr
 
 W = 8  # width of the tiny models
 X = jnp.linspace(-1.0, 1.0, 2 * W).reshape(2, W)
