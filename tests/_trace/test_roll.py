@@ -23,14 +23,18 @@ X = jnp.linspace(-1.0, 1.0, 2 * W).reshape(2, W)
 
 
 def check(loss, params, *args, lengths, scale=10.0):
-    """Asserts the runs' lengths, and that ``roll(loss)`` equals ``loss`` with its gradient."""
+    """Asserts the runs' lengths, the rolled scans `remat.list_scans` shows, and that
+    ``remat.apply(loss, "full")`` (rolled by default, every layer checkpointed) equals
+    ``loss`` with its gradient: one compile of each."""
     runs = list_runs(loss, params, *args)
     assert [r.length for r in runs] == lengths, runs
-    rolled = roll(loss)
-    if lengths:
-        scans = [s for s in remat.list_scans(rolled, params, *args) if s.name.startswith("rolled")]
-        assert [s.name for s in scans] == [f"rolled_{k}_layers" for k in lengths]
-        assert [s.length for s in scans] == lengths
+    scans = remat.list_scans(loss, params, *args)
+    assert [s.name for s in scans] == [f"rolled_{k}_layers" for k in lengths]
+    assert [s.length for s in scans] == lengths
+    assert [s.stacked for s in scans] == [r.stacked for r in runs]
+    assert [s.source for s in scans] == [r.source for r in runs]
+    # with nothing to roll, `apply` warns; `roll` evaluates the program as written
+    rolled = remat.apply(loss, "full") if lengths else roll(loss)
     want = jax.jit(jax.value_and_grad(loss))(params, *args)
     got = jax.jit(jax.value_and_grad(rolled))(params, *args)
     assert_tree_allclose(got, want, scale=scale)

@@ -93,6 +93,11 @@ def register(subparsers) -> None:
     parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per strategy")
     parser.add_argument("--out", type=Path, help="directory for report.json and pareto.png")
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="apply the strategies to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+    )
     parser.set_defaults(func=run)
 
 
@@ -115,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         argnums=argnums,
         repeats=args.repeats,
         title=args.target,
+        roll=not args.no_roll,
     )
     print(report)
     if args.out is not None:

@@ -24,6 +24,11 @@ def register(subparsers) -> None:
     parser.add_argument("--strategy", default=None, help="apply this strategy first (e.g. full)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs after a warm-up")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the measurement")
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+    )
     parser.set_defaults(func=run)
 
 
@@ -37,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     fn, fn_args = load_target(args.target)
     from .._measure._measure import measure  # after the cheap checks: a bad target fails fast
 
-    m = measure(fn, *fn_args, argnums=argnums, strategy=strategy, repeats=args.repeats)
+    m = measure(
+        fn, *fn_args, argnums=argnums, strategy=strategy, repeats=args.repeats,
+        roll=not args.no_roll,
+    )  # fmt: skip
     _print(m, args.target)
     if args.json is not None:
         text = json.dumps(dataclasses.asdict(m), indent=1) + "\n"

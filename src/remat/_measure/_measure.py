@@ -215,6 +215,7 @@ def measure(
     argnums: int | Sequence[int] = 0,
     strategy: Any = None,
     repeats: int = 5,
+    roll: bool = True,
 ) -> Measurement:
     """Compiles ``jax.value_and_grad(fn, argnums)`` with `jax.jit` and measures it.
 
@@ -242,6 +243,9 @@ def measure(
       strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
         strategy `remat.apply` takes). None measures ``fn`` as written.
       repeats: timed runs after one warm-up run; 0 skips timing (``seconds=None``).
+      roll: with a strategy, roll the repeated layers of a program without scans into scans
+        first, as `remat.apply` does (False: apply it to the program as written). The
+        plain twin that the measurement is compared with is ``fn`` as written.
 
     Returns:
       A `remat.Measurement`.
@@ -281,7 +285,7 @@ def measure(
         from .._trace._rewrite import apply
 
         strategy_obj = as_strategy(strategy, "remat.measure")
-        target, plain, label = apply(fn, strategy_obj), fn, strategy_obj.name
+        target, plain, label = apply(fn, strategy_obj, roll=roll), fn, strategy_obj.name
     _check_scalar(target, args)
 
     step = jax.value_and_grad(target, argnums)

@@ -12,6 +12,7 @@ from typing import Any
 from .._core._plain import from_plain
 from .._core._schedule import decode_schedule
 from .._measure._measurement import Measurement
+from .._trace._roll_rewrite import roll_unscanned
 from .._trace._tag import ScanChoice, rewrite
 from ._options import SavedValue, ScanPlan
 from ._result import PLAN_FORMAT, Plan, fingerprint
@@ -57,6 +58,8 @@ def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Pl
             raise ValueError(f"format {data.get('format')!r}, expected {PLAN_FORMAT}")
     except (OSError, ValueError, AttributeError) as err:
         raise ValueError(_BAD_FILE.format(path=path, why=err)) from err
+    if data.get("rolled", False):
+        fn = roll_unscanned(fn)  # the plan's positions are those of the rolled scans
     now = fingerprint(fn, *args)
     if data["fingerprint"] != now:
         raise ValueError(_CHANGED.format(path=path, saved=data["fingerprint"], now=now))
@@ -90,4 +93,5 @@ def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Pl
         rounds=int(data["rounds"]),
         fingerprint=data["fingerprint"],
         argnums=tuple(argnums) if isinstance(argnums, list) else argnums,
+        rolled=bool(data.get("rolled", False)),
     )

@@ -35,6 +35,7 @@ from .._core._warnings import RematWarning
 from ._calibrate import prepare
 from ._result import InfeasibleBudget, Plan
 from ._rounds import plan_prepared
+from ._unrolled import has_scans, plan_unrolled
 
 _NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
 
@@ -49,6 +50,7 @@ def plan(
     device_memory: int | None = None,
     offload: bool = False,
     host_bandwidth: float = HOST_BANDWIDTH,
+    roll: bool = True,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -78,6 +80,11 @@ def plan(
         host memory space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and
         the plan is made without offloading.
       host_bandwidth: device-to-host bytes per second, each way (default 25e9, PCIe 4.0).
+      roll: for a program without any scan (layers in a Python loop), plan it with its
+        repeated layers rolled into scans, unless it fits the budget as written (see
+        `remat._plan._unrolled`); the budget's fraction and the FLOPs are relative to the
+        program as written, and ``Plan.rolled`` says which was chosen. False plans only
+        the program's own scans.
 
     For arguments sharded over a mesh (or a ``jax.jit`` with ``in_shardings``), the budget
     and every memory number are per device, as XLA's memory analysis of the SPMD program.
@@ -89,7 +96,8 @@ def plan(
     Raises:
       InfeasibleBudget: when no plan's measured peak fits ``budget``; the message gives the
         smallest peak reached.
-      ValueError: for an unparseable budget, or a function without a scan.
+      ValueError: for an unparseable budget, or a function without a scan (and, with
+        ``roll=True``, without repeated layers to roll; the message says why).
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -114,7 +122,15 @@ def plan(
     offload = _offload_wanted(offload, host_bandwidth)
     if device_memory is None:
         device_memory = device_memory_bytes()
-    prepared = prepare(fn, args, argnums, schedules, host_bandwidth if offload else None)
+    bandwidth = host_bandwidth if offload else None
+    if roll and not has_scans(fn, args):
+        (result,) = plan_unrolled(
+            fn, args, [budget], argnums, schedules, max_rounds, device_memory, bandwidth
+        )
+        if isinstance(result, InfeasibleBudget):
+            raise result
+        return result
+    prepared = prepare(fn, args, argnums, schedules, bandwidth)
     return plan_prepared(prepared, budget, max_rounds, device_memory)
 
 
@@ -137,11 +153,14 @@ def plan_budgets(
     argnums: int | Sequence[int] = 0,
     schedules: bool = True,
     max_rounds: int = 4,
+    roll: bool = True,
 ) -> list[Plan | InfeasibleBudget]:
     """`plan` at several budgets, sharing the tracing, modelling and calibration compiles.
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
     """
+    if roll and not has_scans(fn, args):
+        return plan_unrolled(fn, args, budgets, argnums, schedules, max_rounds, None)
     prep = prepare(fn, args, argnums, schedules)
     out: list[Plan | InfeasibleBudget] = []
     for budget in budgets:

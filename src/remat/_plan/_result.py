@@ -75,6 +75,10 @@ class Plan:
       solve_seconds: seconds spent modelling and solving, without the compiles.
       rounds: solve-and-measure rounds it took.
       fingerprint: hash of the traced program the plan is for (see `load_plan`).
+      argnums: the differentiated arguments.
+      rolled: the plan is for ``fn`` with its repeated layers rolled into scans (``roll=True``
+        on a program without scans); `load_plan` rolls them again. False for a program
+        planned as written (its own scans, or nothing to checkpoint).
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -88,6 +92,7 @@ class Plan:
     rounds: int
     fingerprint: str
     argnums: int | tuple[int, ...] = 0
+    rolled: bool = False
 
     @property
     def measured_peak_bytes(self) -> int | None:

@@ -60,6 +60,7 @@ def compare(
     repeats: int = 5,
     title: str = "",
     progress: bool = True,
+    roll: bool = True,
 ) -> Report:
     """Measures ``jax.value_and_grad(fn, argnums)`` under each strategy and the baseline.
 
@@ -79,6 +80,8 @@ def compare(
       repeats: timed runs per strategy (after a warm-up); 0 skips timing.
       title: what is being measured, shown above the table and the plot.
       progress: show the progress bar (when stderr is a terminal).
+      roll: roll the repeated layers of a program without scans into scans before applying
+        each strategy, as `remat.apply` does; False applies them to the program as written.
 
     Returns:
       A `remat.Report` with one row per strategy, the baseline's row first.
@@ -122,7 +125,9 @@ def compare(
             rows.append(
                 (
                     label,
-                    measure(fn, *args, argnums=argnums, strategy=strategy, repeats=repeats),
+                    measure(
+                        fn, *args, argnums=argnums, strategy=strategy, repeats=repeats, roll=roll
+                    ),
                 )
             )
         advance(None)
