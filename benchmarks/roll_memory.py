@@ -6,13 +6,16 @@ side in this one process in six forms:
 
 - as written (the Python loop);
 - ``jax.checkpoint`` around each layer by hand (``nn.remat`` per layer);
-- ``roll(fn)``: the layers rolled into a `lax.scan`, weights stacked inside the step;
-- ``remat.apply(roll(fn), "full")``: the same, every scan step checkpointed;
+- per-layer ``custom_vjp`` checkpoints whose recomputation waits for the incoming
+  cotangent (``lax.optimization_barrier``), no scan;
+- stacked inside the step (``jnp.stack``), scanned, every step checkpointed;
+- ``roll(fn)``: the layers rolled into a `lax.scan` that selects each layer's weights
+  with `lax.switch` (no copy);
+- ``remat.apply(fn, "full")``: the same (rolled by default), every step checkpointed;
 - stacked by hand (the parameters passed in already stacked, as `nn.scan` or `nnx.scan`
   with a vmapped init keep them), scanned, without and with a checkpointed body.
 
-Peak = temp + argument + output - alias (XLA's memory analysis; the CPU backend's own peak
-leaves the temporaries out). Prints a markdown table for docs/rolling.md.
+Peak = `remat._measure._peak.peak_bytes` of the compiled step. Prints a markdown table for docs/rolling.md.
 
 Usage:
   PYTHONPATH=src python benchmarks/roll_memory.py [--layers 12] [--seq 256] [--width 64]
@@ -27,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 import remat
+from remat._measure._peak import peak_bytes
 from remat._trace._roll_rewrite import list_runs, roll
 
 
@@ -69,6 +73,36 @@ def per_layer_checkpoint(layers, x):
     return jnp.mean(x**2)
 
 
+def stacked_inside(layers, x):
+    """The stacked construction: per-layer weights stacked inside the step, then scanned."""
+    return stacked(True)(jax.tree.map(lambda *ws: jnp.stack(ws), *layers), x)
+
+
+def barrier_checkpoint(f):
+    """Per-layer checkpoint whose recomputation waits for the incoming cotangent."""
+
+    @jax.custom_vjp
+    def g(*args):
+        return f(*args)
+
+    def fwd(*args):
+        return f(*args), args
+
+    def bwd(args, ct):
+        args, ct = jax.lax.optimization_barrier((args, ct))
+        return jax.vjp(f, *args)[1](ct)
+
+    g.defvjp(fwd, bwd)
+    return g
+
+
+def per_layer_barrier(layers, x):
+    mask = jnp.tril(jnp.ones((x.shape[0],) * 2, bool))
+    for p in layers:
+        x = barrier_checkpoint(block)(p, x, mask)
+    return jnp.mean(x**2)
+
+
 def stacked(checkpoint):
     def loss(params, x):
         mask = jnp.tril(jnp.ones((x.shape[0],) * 2, bool))
@@ -83,13 +117,7 @@ def stacked(checkpoint):
 
 
 def peak(fn, *args) -> int:
-    m = jax.jit(jax.value_and_grad(fn)).lower(*args).compile().memory_analysis()
-    return (
-        m.temp_size_in_bytes
-        + m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        - (m.alias_size_in_bytes)
-    )
+    return peak_bytes(jax.jit(jax.value_and_grad(fn)).lower(*args).compile())
 
 
 def main() -> None:
@@ -110,8 +138,13 @@ def main() -> None:
     rows = [
         ("as written (Python loop)", peak(unrolled, layers, x)),
         ("`jax.checkpoint` per layer by hand", peak(per_layer_checkpoint, layers, x)),
-        ("`roll(fn)`", peak(roll(unrolled), layers, x)),
-        ('`remat.apply(roll(fn), "full")`', peak(remat.apply(roll(unrolled), "full"), layers, x)),
+        (
+            "barrier: per-layer `custom_vjp` + `optimization_barrier`",
+            peak(per_layer_barrier, layers, x),
+        ),
+        ("stacked, rolled, every step checkpointed", peak(stacked_inside, layers, x)),
+        ("`roll(fn)` (selected)", peak(roll(unrolled), layers, x)),
+        ('selected, `remat.apply(fn, "full")`', peak(remat.apply(unrolled, "full"), layers, x)),
         ("stacked by hand, `lax.scan`", peak(stacked(False), stack, x)),
         ("stacked by hand, scan + checkpointed body", peak(stacked(True), stack, x)),
     ]
