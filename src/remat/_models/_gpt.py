@@ -157,13 +157,14 @@ def make_gpt_unrolled(
     them, so values and gradients equal `make_gpt`'s (the gradient split the same way).
 
     Example:
+      >>> import jax
       >>> from remat._models._gpt import make_gpt, make_gpt_unrolled
       >>> sizes = dict(layers=2, d_model=16, seq=8, batch=2, heads=2)
       >>> loss_fn, (params, tokens) = make_gpt_unrolled(**sizes)
       >>> sorted(params)
       ['block_0', 'block_1', 'embed', 'ln_final', 'pos_embed']
       >>> scanned, (stacked, _) = make_gpt(**sizes)
-      >>> bool(abs(loss_fn(params, tokens) - scanned(stacked, tokens)) < 1e-5)
+      >>> bool(abs(jax.jit(loss_fn)(params, tokens) - jax.jit(scanned)(stacked, tokens)) < 1e-5)
       True
     """
     _, (stacked, tokens) = make_gpt(layers, d_model, seq, batch, heads, vocab, seed, dtype)
