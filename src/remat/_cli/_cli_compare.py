@@ -100,6 +100,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per strategy")
     parser.add_argument("--out", type=Path, help="directory for report.json and pareto.png")
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="apply the strategies to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+    )
     parser.set_defaults(func=run)
 
 
@@ -127,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         title=args.target,
         has_aux=args.has_aux,
+        roll=not args.no_roll,
     )
     # As wide as the terminal (or $COLUMNS); at 60 columns the numbers still print whole.
     print(report.render(shutil.get_terminal_size((120, 24)).columns))

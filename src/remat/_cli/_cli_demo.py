@@ -3,7 +3,7 @@
 Builds the embedded GPT (`remat._models._gpt.make_gpt`), compares checkpointing strategies on its
 training step with `remat.compare`, prints the table, writes ``report.json`` and
 ``pareto.png`` into ``--out``, and says in one sentence which strategy it would pick for half
-the memory.
+the memory; then compares the GPT with its unrolled twin (`_cli_demo_unrolled`).
 """
 
 from __future__ import annotations
@@ -75,6 +75,11 @@ def register(subparsers) -> None:
             "'fsdp' axis of a (4, 2) mesh of 8 devices (8 CPU devices in a subprocess if "
             "this process has fewer); memory is then per device"
         ),
+    )
+    parser.add_argument(
+        "--no-unrolled",
+        action="store_true",
+        help="skip the GPT's unrolled twin (its blocks in a Python loop, rolled by remat)",
     )
     parser.add_argument(
         "--out",
@@ -150,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     print(plan_line)
+    if not getattr(args, "sharded", False) and not getattr(args, "no_unrolled", False):
+        from ._cli_demo_unrolled import unrolled_table
+
+        print("\nThe same GPT with its blocks in a Python loop, which remat rolls into a scan:")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RematWarning)
+            print(unrolled_table(sizes))
     return 0
 
 

@@ -29,6 +29,11 @@ def register(subparsers) -> None:
     parser.add_argument("--strategy", default=None, help="apply this strategy first (e.g. full)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs after a warm-up")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the measurement")
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+    )
     parser.set_defaults(func=run)
 
 
@@ -54,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         strategy=strategy,
         repeats=args.repeats,
         has_aux=args.has_aux,
+        roll=not args.no_roll,
     )
     _print(m, args.target)
     if args.json is not None:

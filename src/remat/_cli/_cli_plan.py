@@ -32,6 +32,11 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("remat-plan"), help="directory for plan.json"
     )
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="plan only the program's own scans; by default a program without scans has its repeated layers rolled into scans (unless it fits as written)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -64,7 +69,14 @@ def run(args: argparse.Namespace) -> int:
     from .._plan._result import InfeasibleBudget
 
     try:
-        p = plan(fn, *fn_args, budget=budget, argnums=argnums, has_aux=args.has_aux)
+        p = plan(
+            fn,
+            *fn_args,
+            budget=budget,
+            argnums=argnums,
+            has_aux=args.has_aux,
+            roll=not args.no_roll,
+        )
     except InfeasibleBudget as err:
         raise CliError(str(err).replace("`", ""), EXIT_INFEASIBLE) from err
     except ValueError as err:

@@ -62,6 +62,7 @@ def lint(
     *args: Any,
     strategy: Any = None,
     measure: bool = True,
+    roll: bool = True,
 ) -> list[Finding]:
     """Traces ``fn(*args)`` and reports checkpointing mistakes in it.
 
@@ -79,6 +80,8 @@ def lint(
       measure: also compile the gradient (with `remat.measure`) to check for checkpoints
         the compiler removed (RM005), when a checkpoint lies outside every loop; needs a
         scalar ``fn`` and concrete ``args``. Other findings need no compilation.
+      roll: with a strategy, roll the repeated layers of a program without scans into scans
+        first, as `remat.apply` does; False checks the strategy on the program as written.
 
     Returns:
       The findings (per check, in program order), without duplicates; an empty list when
@@ -105,7 +108,7 @@ def lint(
         from .._core._strategy import as_strategy
         from .._trace._rewrite import apply
 
-        fn = apply(fn, as_strategy(strategy, "remat.lint"))
+        fn = apply(fn, as_strategy(strategy, "remat.lint"), roll=roll)
     closed = jax.make_jaxpr(fn)(*args)
     flat_args = jax.tree_util.tree_leaves(args)
     all_sites = walk.sites(closed.jaxpr)

@@ -242,6 +242,7 @@ def measure(
     repeats: int = 5,
     has_aux: bool = False,
     optimizer: Any = None,
+    roll: bool = True,
 ) -> Measurement:
     """Compiles ``jax.value_and_grad(fn, argnums)`` with `jax.jit` and measures it.
 
@@ -276,6 +277,9 @@ def measure(
         parameters ``args[argnums]`` and the optimizer state donated, as a training loop
         runs it (see `remat._measure._step`); ``argnums`` must then be one int. The
         optimizer state is made with ``optimizer.init`` (abstractly unless timed).
+      roll: with a strategy, roll the repeated layers of a program without scans into scans
+        first, as `remat.apply` does (False: apply it to the program as written). The
+        plain twin that the measurement is compared with is ``fn`` as written.
 
     Returns:
       A `remat.Measurement`.
@@ -316,7 +320,7 @@ def measure(
         from .._trace._rewrite import apply
 
         strategy_obj = as_strategy(strategy, "remat.measure")
-        target, plain, label = apply(fn, strategy_obj), fn, strategy_obj.name
+        target, plain, label = apply(fn, strategy_obj, roll=roll), fn, strategy_obj.name
     _check_scalar(target, args, spec.has_aux)
 
     step = grad_step(target, spec)

@@ -88,6 +88,7 @@ def prepare(
     argnums: Any,
     schedules: bool,
     host_bandwidth: float | None = None,
+    baseline: Measurement | None = None,
 ):
     if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
@@ -111,7 +112,8 @@ def prepare(
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
     model_seconds = time.perf_counter() - clock
-    baseline = compile_measure(fn, args, argnums, "none", None)
+    if baseline is None:  # given when the budget is relative to another program's peak
+        baseline = compile_measure(fn, args, argnums, "none", None)
 
     # Calibration: every needed value saved (no transient) and nothing saved (all transient).
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]

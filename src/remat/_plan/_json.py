@@ -12,6 +12,7 @@ from typing import Any
 from .._core._plain import PlainError, check_plain, edited_fields, from_plain
 from .._core._schedule import Binomial, Nested, Schedule
 from .._measure._measurement import Measurement
+from .._trace._roll_rewrite import roll_unscanned
 from .._trace._tag import ScanChoice, rewrite
 from ._options import SavedValue, ScanPlan
 from ._result import PLAN_FORMAT, Plan, fingerprint
@@ -51,19 +52,23 @@ _TOP = {
     "scans": Any,
     "measured": Measurement | None,
 }
-_OPTIONAL = {"argnums": int | tuple[int, ...]}
+_OPTIONAL = {"argnums": int | tuple[int, ...], "has_aux": bool, "rolled": bool}
 # Least values beyond "not negative", by field name.
-_MINIMUM = {"budget_bytes": 1, "rounds": 1, "length": 1, "multiplicity": 1, "num_devices": 1}
+_MINIMUM = {"budget_bytes": 1, "length": 1, "multiplicity": 1, "num_devices": 1}
 _SCHEDULE_KINDS = ("per_step", "none")
 
 
-def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Plan:
+def load_plan(
+    path: str | os.PathLike, fn: Callable[..., Any], *args: Any, optimizer: Any = None
+) -> Plan:
     """Loads a plan written by `Plan.to_json` and applies it to ``fn``, without solving.
 
     Args:
       path: the JSON file.
       fn: the function the plan was made for.
       *args: its arguments (the same shapes and dtypes as when planning).
+      optimizer: the optax ``GradientTransformation`` the plan was made with, if any (it is
+        not written to the file); `Plan.step` runs it.
 
     Returns:
       The `remat.Plan`, with ``fn`` rewritten as the plan says.
@@ -94,6 +99,8 @@ def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Pl
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(got=fn))
     data = _read(path)
+    if data.get("rolled", False):
+        fn = roll_unscanned(fn)  # the plan's positions are those of the rolled scans
     now = fingerprint(fn, *args)
     if data["fingerprint"] != now:
         raise ValueError(_CHANGED.format(path=path, saved=data["fingerprint"], now=now))
@@ -127,6 +134,9 @@ def load_plan(path: str | os.PathLike, fn: Callable[..., Any], *args: Any) -> Pl
         rounds=int(data["rounds"]),
         fingerprint=data["fingerprint"],
         argnums=tuple(argnums) if isinstance(argnums, list) else argnums,
+        has_aux=bool(data.get("has_aux", False)),
+        optimizer=optimizer,
+        rolled=bool(data.get("rolled", False)),
     )
 
 
@@ -177,7 +187,12 @@ def _check_fields(data: dict[str, Any]) -> None:
         if name != "scans":
             check_plain(known[name], value, name, _MINIMUM)
     scans = data["scans"]
-    if not isinstance(scans, list) or not scans:
+    # A plan that keeps the program as written (it fits unchanged) has no scans and took no
+    # round; every other plan has at least one of each.
+    as_written = data["format"] >= 2 and data["rounds"] == 0 and scans == []
+    if data["rounds"] == 0 and not as_written:
+        raise PlainError("rounds", "is 0, expected at least 1 for a plan with scans")
+    if not as_written and (not isinstance(scans, list) or not scans):
         shown = "an empty list" if scans == [] else f"{scans!r:.40}"
         raise PlainError("scans", f"is {shown}, expected a list of at least one scan")
     for i, scan in enumerate(scans):

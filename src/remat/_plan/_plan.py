@@ -44,6 +44,7 @@ from ._args import (
 from ._calibrate import prepare
 from ._result import InfeasibleBudget, Plan
 from ._rounds import plan_prepared
+from ._unrolled import has_scans, plan_unrolled
 
 _NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
 
@@ -60,6 +61,7 @@ def plan(
     host_bandwidth: float = HOST_BANDWIDTH,
     has_aux: bool = False,
     optimizer: Any = None,
+    roll: bool = True,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -95,6 +97,11 @@ def plan(
         training step (value and gradient, ``optimizer.update``, ``optax.apply_updates``,
         parameters and optimizer state donated), and ``plan.step(params, opt_state, *rest)``
         runs that step, returning ``(params, opt_state, loss)``. ``argnums`` must be one int.
+      roll: for a program without any scan (layers in a Python loop), plan it with its
+        repeated layers rolled into scans, unless it fits the budget as written (see
+        `remat._plan._unrolled`); the budget's fraction and the FLOPs are relative to the
+        program as written, and ``Plan.rolled`` says which was chosen. False plans only
+        the program's own scans.
 
     For arguments sharded over a mesh (or a ``jax.jit`` with ``in_shardings``), the budget
     and every memory number are per device, as XLA's memory analysis of the SPMD program.
@@ -106,7 +113,8 @@ def plan(
     Raises:
       InfeasibleBudget: when no plan's measured peak fits ``budget``; the message gives the
         smallest peak reached.
-      ValueError: for an unparseable budget, or a function without a scan.
+      ValueError: for an unparseable budget, or a function without a scan (and, with
+        ``roll=True``, without repeated layers to roll; the message says why).
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -136,7 +144,15 @@ def plan(
     if device_memory is None:
         device_memory = device_memory_bytes()
     spec = _step_spec(argnums, has_aux, optimizer)
-    prepared = prepare(fn, args, spec, schedules, host_bandwidth if offload else None)
+    bandwidth = host_bandwidth if offload else None
+    if roll and not has_scans(fn, args):
+        (result,) = plan_unrolled(
+            fn, args, [budget], spec, schedules, max_rounds, device_memory, bandwidth
+        )
+        if isinstance(result, InfeasibleBudget):
+            raise result
+        return _finished(result, spec)
+    prepared = prepare(fn, args, spec, schedules, bandwidth)
     return _finished(plan_prepared(prepared, budget, max_rounds, device_memory), spec)
 
 
@@ -178,6 +194,7 @@ def plan_budgets(
     max_rounds: int = 4,
     has_aux: bool = False,
     optimizer: Any = None,
+    roll: bool = True,
 ) -> list[Plan | InfeasibleBudget]:
     """`plan` at several budgets, sharing the tracing, modelling and calibration compiles.
 
@@ -189,6 +206,9 @@ def plan_budgets(
     check_bool(schedules, "schedules", "plan_budgets")
     check_max_rounds(max_rounds, "plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
+    if roll and not has_scans(fn, args):
+        planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None)
+        return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec) for p in planned]
     prep = prepare(fn, args, spec, schedules)
     out: list[Plan | InfeasibleBudget] = []
     for budget in read:

@@ -87,7 +87,10 @@ class Plan:
       argnums: the differentiated arguments (with an optimizer: the parameters).
       has_aux: ``fn`` returns ``(loss, aux)``.
       optimizer: the optax ``GradientTransformation`` the budget's step applies (None: the
-        gradient step); not written to JSON (pass it to `remat.load_plan` again).
+        gradient step); not written to JSON (pass ``optimizer=`` to `remat.load_plan`).
+      rolled: the plan is for ``fn`` with its repeated layers rolled into scans (``roll=True``
+        on a program without scans); `load_plan` rolls them again. False for a program
+        planned as written (its own scans, or nothing to checkpoint).
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -103,6 +106,7 @@ class Plan:
     argnums: int | tuple[int, ...] = 0
     has_aux: bool = False
     optimizer: Any = dataclasses.field(default=None, repr=False, compare=False)
+    rolled: bool = False
 
     @functools.cached_property
     def step(self) -> Callable[..., Any]:

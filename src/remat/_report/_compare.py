@@ -70,6 +70,7 @@ def compare(
     progress: bool = True,
     has_aux: bool = False,
     optimizer: object = None,
+    roll: bool = True,
 ) -> Report:
     """Measures ``jax.value_and_grad(fn, argnums)`` under each strategy and the baseline.
 
@@ -92,6 +93,8 @@ def compare(
       has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`.
       optimizer: an optax ``GradientTransformation``: measure the whole training step, as
         `remat.measure` does with it (parameters and optimizer state donated).
+      roll: roll the repeated layers of a program without scans into scans before applying
+        each strategy, as `remat.apply` does; False applies them to the program as written.
 
     Returns:
       A `remat.Report` with one row per strategy, the baseline's row first.
@@ -158,6 +161,7 @@ def compare(
                         repeats=repeats,
                         has_aux=has_aux,
                         optimizer=optimizer,
+                        roll=roll,
                     ),
                 )
             )

@@ -47,16 +47,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from .._core._strategy import Strategy, as_strategy, resolve_policy
 from .._core._warnings import RematWarning
-from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
+from ._roll_explain import explain_no_roll
+from ._roll_rewrite import roll_unscanned, rolled_scans
+from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs
 from ._scan_info import _source as _source  # imported from here by `_costmodel`
-from ._state import check_unchanged, has_nodes, lift, merged, write_back
+from ._state import has_nodes, lift, merged
+from ._traced import _rewritten, _split_args, _trace, _Traced
 
 _P = jcore.primitives
 _count = count  # the number of scans in a jaxpr; imported from here by `_tag`
@@ -64,116 +66,25 @@ _count = count  # the number of scans in a jaxpr; imported from here by `_tag`
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
 
-### Tracing
-
-
-def _is_array(x) -> bool:
-    """Array leaves are traced; every other leaf (Python numbers, strings, ...) is static."""
-    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
-
-
-def _aval(x) -> tuple[Any, ...]:
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x.shape, x.dtype, bool(getattr(x, "weak_type", False))
-    aval = jax.typeof(x)
-    return aval.shape, aval.dtype, aval.weak_type
-
-
-@dataclasses.dataclass(frozen=True)
-class _Traced:
-    jaxpr: jcore.ClosedJaxpr
-    out_tree: Any
-    scans: tuple[ScanInfo, ...]
-
-
-def _split_args(args, kwargs):
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    dynamic = [x for x in leaves if _is_array(x)]
-    avals = tuple(_aval(x) for x in dynamic)
-    static = tuple(None if _is_array(x) else (type(x), x) for x in leaves)
-    return leaves, treedef, dynamic, (treedef, static, avals)
-
-
-def _trace(fn, leaves, treedef, check=True) -> _Traced:
-    is_dyn = [_is_array(x) for x in leaves]
-
-    def flat(*dynamic):
-        it = iter(dynamic)
-        full = [next(it) if d else x for x, d in zip(leaves, is_dyn, strict=True)]
-        args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
-        out = fn(*args, **kwargs)
-        if check:  # (nnx nodes, lifted, hand their changes back: see `_state`)
-            check_unchanged(_name(fn), (args, kwargs), full, treedef)
-        return out
-
-    specs = [
-        jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
-        for shape, dtype, weak in (_aval(x) for x, d in zip(leaves, is_dyn, strict=True) if d)
-    ]
-    closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
-    scans: list[ScanInfo] = []
-    walk(closed.jaxpr, 0, (), (), scans, {})
-    return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
-
-
-def _rewritten(fn, evaluator, lift_nodes=True):
-    """``fn2(*args, **kwargs)``: traces ``fn`` (cached per input structure, shapes and dtypes),
-    then runs ``evaluator(traced)(*arrays)``, the rewritten program on the array leaves.
-
-    Called on concrete arrays, the evaluation is compiled with `jax.jit` (once per cache
-    entry), so that eager calls do not re-trace every rewritten scan op by op; under an
-    outer transformation (`jit`, `grad`, `vmap`) it is traced inline.
-    """
-    cache: dict[Any, tuple[_Traced, Callable[..., Any], Callable[..., Any]]] = {}
-
-    def entry(leaves, treedef):
-        traced = _trace(fn, leaves, treedef, check=lift_nodes)
-        run = evaluator(traced)
-        return traced, run, jax.jit(run)
-
-    stateful: list[Callable[..., Any]] = []  # ``fn`` on lifted nnx nodes, made when needed
-
-    @functools.wraps(fn)
-    def fn2(*args, **kwargs):
-        if lift_nodes and has_nodes((args, kwargs)):  # nnx modules: state changes are kept
-            args, kwargs, nodes = lift(args, kwargs)
-            if not stateful:
-                stateful.append(_rewritten(merged(fn), evaluator, lift_nodes=False))
-            out, states = stateful[0](*args, **kwargs)
-            write_back(nodes, states)
-            return out
-        leaves, treedef, dynamic, key = _split_args(args, kwargs)
-        try:
-            hash(key)
-        except TypeError:  # an unhashable static argument: trace every time
-            found = entry(leaves, treedef)
-        else:
-            if key not in cache:
-                cache[key] = entry(leaves, treedef)
-            found = cache[key]
-        traced, run, jitted = found
-        eager = not any(isinstance(x, jax.core.Tracer) for x in dynamic)
-        outs = (jitted if eager else run)(*dynamic)
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
-
-    return fn2
-
-
-def _name(fn: Any) -> str:
-    return f"`{getattr(fn, '__qualname__', repr(fn))}`"
-
-
 _NOT_CALLABLE = "`{where}` got fn={got!r}, which is not callable; pass the function to rewrite."
 
 
-def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanInfo]:
+def list_scans(
+    fn: Callable[..., Any], *args: Any, roll: bool = True, **kwargs: Any
+) -> list[ScanInfo]:
     """Lists the scans of ``fn`` traced at ``args``/``kwargs``, in depth-first order.
 
-    Use it to find the positions and names to put in `remat.Strategy(scans=...)`.
+    Use it to find the positions and names to put in `remat.Strategy(scans=...)`. With
+    ``roll=True`` a program without any scan whose layers repeat (a Python loop over a list
+    of layers) is listed as `remat.apply` sees it: one scan per run of identical layers,
+    named ``rolled_{k}_layers``, with the first layer's source line and what is stacked
+    (``ScanInfo.stacked``). A program with scans is listed as it is.
 
     Args:
       fn: the function; it is traced, not run.
       *args: positional arguments: arrays, or `jax.ShapeDtypeStruct` to avoid allocating.
+      roll: list the rolled scans of a program without scans (see above); False lists
+        the program as written.
       **kwargs: keyword arguments.
 
     Returns:
@@ -196,6 +107,8 @@ def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanIn
     if has_nodes_lifted:
         args, kwargs, _ = lift(args, kwargs)
         fn = merged(fn)
+    if roll:
+        return rolled_scans(fn, args, kwargs, check=not has_nodes_lifted)
     leaves, treedef, _, _ = _split_args(args, kwargs)
     return list(_trace(fn, leaves, treedef, check=not has_nodes_lifted).scans)
 
@@ -358,6 +271,7 @@ _NO_SCAN = (
     "once, and on the CPU backend XLA removes a checkpoint outside a loop altogether. Put the "
     "layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) to checkpoint per layer."
 )
+_NOT_ROLLED = " Nothing could be rolled into a scan: {why}."
 _NO_MATCH = (
     "`remat.apply` got Strategy(scans={scans!r}), but {missing!r} matches no scan of {name}. "
     "Its scans are: {listing}. Use `remat.list_scans(fn, *args)` to list them, and select by "
@@ -385,7 +299,11 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
 
 
 def apply(
-    fn: Callable[..., Any] | None = None, strategy: Any = None, *, has_aux: bool = False
+    fn: Callable[..., Any] | None = None,
+    strategy: Any = None,
+    *,
+    has_aux: bool = False,
+    roll: bool = True,
 ) -> Callable[..., Any]:
     """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
 
@@ -398,6 +316,13 @@ def apply(
     the scan with `remat.scan` (``"none"``: a plain `lax.scan`). A program without any scan
     gets the policy on the whole function (``prevent_cse=True``), with a `RematWarning`.
 
+    With ``roll=True`` (the default), a program without any scan whose layers repeat (a
+    Python loop over a list of layers, in linen, nnx, Equinox or plain JAX) is rolled first:
+    each run of identical layers becomes a `lax.scan` over the per-layer inputs stacked
+    inside the step (see `remat.list_scans` and docs/rolling.md for what stacking costs),
+    and the strategy applies to it like to any scan. A program with scans is left as it
+    is. When nothing can be rolled, the warning says why in one line.
+
     Args:
       fn: the function; pytree arguments, keyword arguments and pytree outputs.
       strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
@@ -409,6 +334,8 @@ def apply(
         this changes nothing: the rewritten function returns what ``fn`` returns, ready for
         ``jax.value_and_grad(..., has_aux=True)``. Accepted for symmetry with `remat.measure`
         and `remat.plan`.
+      roll: roll repeated layers of a program without scans into scans first (see above);
+        False checkpoints the program as written.
 
     Returns:
       A function with ``fn``'s signature and output structure, whose values and gradients
@@ -433,7 +360,7 @@ def apply(
         raise TypeError(f"`remat.apply` got has_aux={has_aux!r}; pass True or False.")
     if fn is None:
         as_strategy(strategy, "remat.apply")  # validate now, not when decorating
-        return functools.partial(apply, strategy=strategy, has_aux=has_aux)
+        return functools.partial(apply, strategy=strategy, has_aux=has_aux, roll=roll)
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
     strategy = as_strategy(strategy, "remat.apply")
@@ -442,6 +369,7 @@ def apply(
     name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
     if schedule == "none" or (policy is None and schedule == "per_step"):
         return fn  # plain scans, no checkpoint: nothing to rewrite
+    traced_fn = roll_unscanned(fn) if roll else fn
 
     def transform_for(select):
         def transform(info: ScanInfo, body: Body) -> Body | None:
@@ -484,7 +412,10 @@ def apply(
             if policy is None:  # a schedule without a per-step policy: nothing to apply
                 return whole
             # Warned once per input structure, when `fn2` first sees it.
-            warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=4)
+            message = _NO_SCAN.format(name=name, strategy=strategy)
+            if roll:
+                message += _NOT_ROLLED.format(why=explain_no_roll(closed))
+            warnings.warn(message, RematWarning, stacklevel=4)
             return jax.checkpoint(whole, policy=policy, prevent_cse=True)
         transform, loop = transform_for(select)
 
@@ -494,4 +425,4 @@ def apply(
 
         return evaluate
 
-    return _rewritten(fn, evaluator)
+    return _rewritten(traced_fn, evaluator)
