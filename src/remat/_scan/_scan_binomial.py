@@ -150,6 +150,25 @@ def _split(leaves, sizes):
     return out
 
 
+def _closure_convert(f, init, x0):
+    """``f`` as ``g(carry, x, *consts)`` with every value it closes over among ``consts``.
+
+    `jax.closure_convert` hoists only the closed-over values that could carry a tangent, and
+    leaves integer arrays and PRNG keys closed over; under an outer `jax.jit` those are
+    tracers, which must not stay inside the jaxprs the linear primitive stages out. Here
+    every constant of the traced body is an explicit input (non-float ones get no tangent).
+    """
+    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(init, x0)
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    jaxpr = closed.jaxpr
+
+    def converted(carry, x, *consts):
+        outs = jax.core.eval_jaxpr(jaxpr, consts, *jax.tree_util.tree_leaves((carry, x)))
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    return converted, list(closed.consts)
+
+
 def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, policy: Any):
     """Runs ``lax.scan(f, init, xs, length=n, reverse=reverse)`` with Revolve's backward.
 
@@ -157,7 +176,7 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
     """
     init = jax.tree_util.tree_map(jnp.asarray, init)
     x0 = jax.tree_util.tree_map(lambda a: a[0], xs)
-    converted, consts = jax.closure_convert(f, init, x0)
+    converted, consts = _closure_convert(f, init, x0)
     c_tree = jax.tree_util.tree_structure(init)
     x_tree = jax.tree_util.tree_structure(xs)
     c0 = jax.tree_util.tree_leaves(init)
