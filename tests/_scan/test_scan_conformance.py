@@ -387,3 +387,26 @@ def test_what_cannot_apply():
     """
     with pytest.raises(ValueError, match="got length=-1"):
         remat.scan(lambda c, x: (c, x), 0.0, length=-1)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=ids)
+def test_closed_over_traced_int_key_and_float_under_jit(schedule):
+    # Under `jit` the closed-over values are tracers: a float scale, an int table and a PRNG
+    # key (the last two are never differentiated, so `jax.closure_convert` would leave them
+    # closed over inside the staged-out derivative).
+    ws = jnp.linspace(0.1, 0.9, N * 9).reshape(N, 3, 3)
+
+    def loss(scan, ws, c0, scale, table, key):
+        def body(c, wi):
+            w, i = wi
+            keep = jax.random.bernoulli(jax.random.fold_in(key, i), 0.8, c.shape)
+            c = jnp.tanh(w @ c) * scale + table[i] * jnp.where(keep, c, 0.0)
+            return c, c.sum()
+
+        c, ys = scan(body, c0, (ws, jnp.arange(N)))
+        return jnp.sum(c**2) + jnp.sum(ys)
+
+    got, want = pair(schedule)
+    args = (ws, jnp.ones(3), 0.7, jnp.arange(N) % 3, jax.random.key(1))
+    grad = lambda scan: jax.jit(jax.value_and_grad(functools.partial(loss, scan), (0, 1, 2)))  # noqa: E731
+    assert_tree_allclose(grad(got)(*args), grad(want)(*args))

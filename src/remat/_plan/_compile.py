@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from .._core._warnings import RematWarning
 from .._measure._measurement import Measurement
 from .._measure._step import argnums_of, as_step, loss_of, lower_step
 
@@ -43,11 +41,7 @@ def compile_measure(
     start = time.perf_counter()
     compiled = lower_step(fn, args, argnums).compile()
     seconds = time.perf_counter() - start
-    with warnings.catch_warnings():
-        # A Binomial schedule's backward loop has a data-dependent trip count that the HLO
-        # reader cannot see: its FLOPs are then a lower bound (see the module docstring).
-        warnings.simplefilter("ignore", RematWarning)
-        flops = hlo_flops(compiled.as_text())
+    flops = hlo_flops(compiled.as_text())
     residuals = saved_residuals(loss_of(fn, as_step(argnums)), *args, argnums=argnums_of(argnums))
     forward = traced_dot_flops(jax.make_jaxpr(fn)(*args).jaxpr)
     requested = baseline is not None

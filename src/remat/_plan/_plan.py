@@ -18,9 +18,9 @@ Trace → cost model → solve → rewrite → compile and measure:
    bounded number of times. This is done with each calibrated fit of the memory model (a
    third compiled point gives a second fit), keeping the cheapest measured plan. If nothing fits, `InfeasibleBudget` says how close it came.
 
-Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts; the
-backward loop of a `remat.Binomial` schedule has no static trip count, so for plans that use
-it the measured FLOPs are a lower bound (the model's ``recompute_flops`` are not).
+Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts, exact for
+every schedule (a `remat.Binomial` backward sweep names its data-dependent trip counts for
+the reader, see `remat._core._flop_tags`).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from .._core._flop_tags import branch_scope, trip_scope
 from .._core._strategy import resolve_policy
 from ._revolve import revolve_schedule
 from ._scan_linear import linear_call
@@ -150,6 +151,25 @@ def _split(leaves, sizes):
     return out
 
 
+def _closure_convert(f, init, x0):
+    """``f`` as ``g(carry, x, *consts)`` with every value it closes over among ``consts``.
+
+    `jax.closure_convert` hoists only the closed-over values that could carry a tangent, and
+    leaves integer arrays and PRNG keys closed over; under an outer `jax.jit` those are
+    tracers, which must not stay inside the jaxprs the linear primitive stages out. Here
+    every constant of the traced body is an explicit input (non-float ones get no tangent).
+    """
+    closed, out_shape = jax.make_jaxpr(f, return_shape=True)(init, x0)
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    jaxpr = closed.jaxpr
+
+    def converted(carry, x, *consts):
+        outs = jax.core.eval_jaxpr(jaxpr, consts, *jax.tree_util.tree_leaves((carry, x)))
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    return converted, list(closed.consts)
+
+
 def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, policy: Any):
     """Runs ``lax.scan(f, init, xs, length=n, reverse=reverse)`` with Revolve's backward.
 
@@ -157,7 +177,7 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
     """
     init = jax.tree_util.tree_map(jnp.asarray, init)
     x0 = jax.tree_util.tree_map(lambda a: a[0], xs)
-    converted, consts = jax.closure_convert(f, init, x0)
+    converted, consts = _closure_convert(f, init, x0)
     c_tree = jax.tree_util.tree_structure(init)
     x_tree = jax.tree_util.tree_structure(xs)
     c0 = jax.tree_util.tree_leaves(init)
@@ -184,6 +204,18 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
     k_mask = [_inexact(a) for a in k_leaves]
     y_mask = [_inexact(a) for a in y_avals]
     stores, first, slots, table, macros = _plan(n, snapshots)
+    # The backward loops' trip counts depend on the table; their totals, known here, are
+    # named for the HLO FLOP counter so that measured FLOPs are exact.
+    # The differentiable twin runs the table in ~sqrt(T) blocks of ~sqrt(T) rows.
+    block_rows = max(1, math.isqrt(len(table)))
+    blocks = -(-len(table) // block_rows)
+    padded_rows = blocks * block_rows
+    kinds = [int((table[:, 2] == k).sum()) for k in (ADVANCE, REVERSE, NOTHING)]
+    kinds[2] += padded_rows - len(table)
+    row_kinds = branch_scope(kinds, padded_rows)
+    advance_trips = trip_scope(int(macros[:, 2].sum()), len(macros))
+    reversed_count = int(macros[:, 4].sum())
+    macro_reverses = branch_scope([len(macros) - reversed_count, reversed_count], len(macros))
     rows = slots + (first == slots)  # snapshot rows, plus one for the last step's input
     store_at = np.array(sorted(stores), dtype=np.int32)
     store_row = np.array([stores[i] for i in sorted(stores)], dtype=np.int32)
@@ -285,7 +317,10 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
             def nothing(args):
                 return (*args, no_gx)
 
-            cur, lam, ct_k, g_x = lax.switch(kind, [advance, reverse, nothing], (cur, lam, ct_k))
+            with jax.named_scope(row_kinds):  # exact FLOPs: see `remat._core._flop_tags`
+                cur, lam, ct_k, g_x = lax.switch(
+                    kind, [advance, reverse, nothing], (cur, lam, ct_k)
+                )
             j = jnp.clip(store - 1, 0, rows - 1)
             buf = [
                 b.at[j].set(jnp.where(store >= 1, c, b[j])) for b, c in zip(buf, cur, strict=True)
@@ -299,7 +334,8 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
                 def body(t, c):
                     return step(c, x_at(xl, start + t), kl)[0]
 
-                return lax.fori_loop(0, count, body, cur)
+                with jax.named_scope(advance_trips):  # exact FLOPs (`_core._flop_tags`)
+                    return lax.fori_loop(0, count, body, cur)
 
             def reverse(args):
                 i, cur, lam, ct_k, ct_x = args
@@ -322,12 +358,13 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
                     b.at[j].set(jnp.where(store >= 1, c, b[j]))
                     for b, c in zip(buf, cur, strict=True)
                 ]
-                lam, ct_k, ct_x = lax.cond(
-                    rev == 1,
-                    reverse,
-                    lambda args: tuple(args[2:]),
-                    (start + count, cur, lam, ct_k, ct_x),
-                )
+                with jax.named_scope(macro_reverses):
+                    lam, ct_k, ct_x = lax.cond(
+                        rev == 1,
+                        reverse,
+                        lambda args: tuple(args[2:]),
+                        (start + count, cur, lam, ct_k, ct_x),
+                    )
                 return cur, buf, lam, ct_k, ct_x
 
             table_m = jnp.asarray(macros)
@@ -347,12 +384,9 @@ def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, po
         # blocks of ~sqrt(T) rows, so it keeps O(sqrt(T)) block states and rows' residuals
         # (T is about N times the repetition number): sublinear in N. Each step's x
         # cotangent is an output row, not a carried buffer.
-        total = table.shape[0]
-        block_rows = max(1, math.isqrt(total))
-        blocks = -(-total // block_rows)
-        padded = np.full((blocks * block_rows, 4), -1, dtype=np.int32)
+        padded = np.full((padded_rows, 4), -1, dtype=np.int32)
         padded[:, 2] = NOTHING
-        padded[:total] = table
+        padded[: len(table)] = table
         k_zeros = state[3]
 
         @functools.partial(jax.checkpoint, prevent_cse=False)
