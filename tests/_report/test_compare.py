@@ -61,7 +61,7 @@ def test_full_recomputation_lowers_the_peak_on_the_scanned_gpt(report):
 def test_labels_and_baseline_choice(monkeypatch):
     calls = []
 
-    def fake_measure(fn, *args, argnums=0, strategy=None, repeats=5):
+    def fake_measure(fn, *args, argnums=0, strategy=None, repeats=5, **step_options):
         calls.append(strategy)
         return _fake(len(calls))
 
