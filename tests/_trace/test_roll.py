@@ -398,3 +398,18 @@ def test_a_key_made_for_the_next_layer_is_carried_from_the_hoisted_equations():
     params = dense_params(jax.random.key(9), [W] * 5)
     (run,) = check(loss, params, X, jax.random.key(1), lengths=[4])
     assert run.hoisted and any(kind == "xs" for kind, _ in run.plan.carry_out)
+
+
+def test_a_chain_of_single_plain_equations_is_not_a_run():
+    # BERT's embeddings are summed as `words + token_types + positions`: two identical adds
+    # in a chain, which rolled would be a scan with nothing to recompute.
+    def loss(params, x, a, b):
+        x = x + a + b
+        for p in params:
+            x = jnp.tanh(x @ p["w"] + p["b"])
+        return jnp.sum(x**2)
+
+    params = dense_params(jax.random.key(3), [W] * 5)
+    (run,) = check(loss, params, X, X, X, lengths=[4])
+    assert run.period > 1
+    assert find_runs(jax.make_jaxpr(lambda x, a, b: x + a + b)(X, X, X)) == []

@@ -19,7 +19,8 @@ The algorithm, for a jaxpr of ``n`` equations (each step linear in ``n`` unless 
    are counted; a period ``p`` of a run of ``k`` layers shows up ``k - 1`` times for every
    token that occurs once per layer. The 24 most frequent gaps are the candidates. For each,
    ``tok[i] == tok[i - p]`` (one NumPy comparison) gives the maximal periodic stretches;
-   those at least ``2p`` long hold two layers or more.
+   those at least ``2p`` long hold two layers or more. A "layer" of one plain equation
+   (no sub-program) is not kept: it has nothing to recompute.
 3. **Phase.** A periodic stretch says nothing about where a layer starts. Of the ``p``
    possible starts, the one cut by the fewest values (a value produced before the cut and
    used after it, within one period) is taken, earliest first: the residual stream is
@@ -173,8 +174,15 @@ def _search(jaxpr, tokens: _Tokens, mismatches: list) -> list[tuple[int, int, in
     return [(s, p, k, flow, strict) for s, p, k in sorted(taken)]
 
 
+def _worth_rolling(jaxpr, start: int, period: int) -> bool:
+    """A layer of one plain equation (``a + b + c``: two adds) has nothing to recompute: its
+    only residual is its input, which the scan keeps anyway. One equation that calls a
+    sub-program (an inner `jax.jit`, a checkpointed layer) is a layer."""
+    return period > 1 or bool(list(jcore.jaxprs_in_params(jaxpr.eqns[start].params)))
+
+
 def _find(jaxpr, path, tokens, mismatches, out: list[Run]) -> None:
-    runs = _search(jaxpr, tokens, mismatches)
+    runs = [r for r in _search(jaxpr, tokens, mismatches) if _worth_rolling(jaxpr, r[0], r[1])]
     for s, p, k, flow, strict in runs:
         plan, summary = _plan(flow, strict, s, p, k)
         out.append(Run(path, s, p, k, _source(jaxpr.eqns[s]), plan=plan, **summary))
