@@ -82,6 +82,20 @@ class Prepared:
     model_seconds: float
 
 
+def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
+    """The checks `remat.measure` makes of the loss and its arguments, named for `remat.plan`:
+    run before anything else traces ``fn`` (e.g. looking for scans to decide on rolling)."""
+    if not isinstance(argnums, Step | int):
+        argnums = tuple(argnums)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
+        raise TypeError(_ABSTRACT)
+    try:
+        _check_args(args, argnums, 0)
+        _check_scalar(fn, args, getattr(argnums, "has_aux", False))
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
+
+
 def prepare(
     fn: Callable[..., Any],
     args: Sequence[Any],
@@ -92,13 +106,7 @@ def prepare(
 ):
     if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
-    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
-        raise TypeError(_ABSTRACT)
-    try:  # the same checks as `remat.measure`, named for `remat.plan`
-        _check_args(args, argnums, 0)
-        _check_scalar(fn, args, getattr(argnums, "has_aux", False))
-    except (TypeError, ValueError) as err:
-        raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
+    check_inputs(fn, args, argnums)
     clock = time.perf_counter()
     infos = planned_scans(fn, *args)
     if not infos:

@@ -41,7 +41,7 @@ from ._args import (
     check_max_rounds,
     read_budgets,
 )
-from ._calibrate import prepare
+from ._calibrate import check_inputs, prepare
 from ._result import InfeasibleBudget, Plan
 from ._rounds import plan_prepared
 from ._unrolled import has_scans, plan_unrolled
@@ -145,6 +145,7 @@ def plan(
         device_memory = device_memory_bytes()
     spec = _step_spec(argnums, has_aux, optimizer)
     bandwidth = host_bandwidth if offload else None
+    check_inputs(fn, args, spec)  # before `has_scans` traces ``fn``
     if roll and not has_scans(fn, args):
         (result,) = plan_unrolled(
             fn, args, [budget], spec, schedules, max_rounds, device_memory, bandwidth
@@ -206,6 +207,7 @@ def plan_budgets(
     check_bool(schedules, "schedules", "plan_budgets")
     check_max_rounds(max_rounds, "plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
+    check_inputs(fn, args, spec)
     if roll and not has_scans(fn, args):
         planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None)
         return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec) for p in planned]

@@ -152,22 +152,26 @@ def _split(leaves, sizes):
 
 
 def _closure_convert(f, init, x0):
-    """``f`` as ``g(carry, x, *consts)`` with every value it closes over among ``consts``.
+    """``f`` as ``g(carry, x, *consts)`` with every traced value it closes over in ``consts``.
 
     `jax.closure_convert` hoists only the closed-over values that could carry a tangent, and
     leaves integer arrays and PRNG keys closed over; under an outer `jax.jit` those are
     tracers, which must not stay inside the jaxprs the linear primitive stages out. Here
-    every constant of the traced body is an explicit input (non-float ones get no tangent).
+    every closed-over tracer is an explicit input (non-float ones get no tangent); concrete
+    constants stay closed over, as they do in `lax.scan`, so they are not residuals.
     """
     closed, out_shape = jax.make_jaxpr(f, return_shape=True)(init, x0)
     out_tree = jax.tree_util.tree_structure(out_shape)
-    jaxpr = closed.jaxpr
+    jaxpr, consts = closed.jaxpr, list(closed.consts)
+    traced = [isinstance(c, jax.core.Tracer) for c in consts]
 
-    def converted(carry, x, *consts):
-        outs = jax.core.eval_jaxpr(jaxpr, consts, *jax.tree_util.tree_leaves((carry, x)))
+    def converted(carry, x, *hoisted):
+        it = iter(hoisted)
+        values = [next(it) if t else c for c, t in zip(consts, traced, strict=True)]
+        outs = jax.core.eval_jaxpr(jaxpr, values, *jax.tree_util.tree_leaves((carry, x)))
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
-    return converted, list(closed.consts)
+    return converted, [c for c, t in zip(consts, traced, strict=True) if t]
 
 
 def binomial_scan(f, init, xs, n: int, reverse: bool, unroll, snapshots: int, policy: Any):
