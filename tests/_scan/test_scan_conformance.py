@@ -366,8 +366,68 @@ def test_errors_are_lax_scans(schedule, case):
         call(functools.partial(remat.scan, schedule=schedule))
     assert type(info.value) is kind
     assert message in str(info.value)
-    if "remat.scan" not in message:  # remat's advice is appended
-        assert "`remat.scan`" in str(info.value)
+    if "remat.scan" not in message:  # remat's advice is a note (PEP 678) on lax's error
+        assert "`remat.scan`" in "\n".join(getattr(info.value, "__notes__", ()))
+
+
+@schedules
+def test_lax_messages_are_unchanged(schedule):
+    """lax.scan's message exactly (JAX's testScanLengthError matches it literally); remat's
+    advice and the schedule are in the error's notes."""
+    scan = functools.partial(remat.scan, schedule=schedule)
+    with pytest.raises(ValueError) as info:
+        scan(lambda *args: args, 0, jnp.arange(10), length=5)
+    assert str(info.value) == (
+        "scan got `length` argument of 5 which disagrees with leading axis sizes [10]."
+    )
+    assert any("got length=5 but xs has 10 steps" in n for n in info.value.__notes__)
+
+
+@schedules
+def test_traced_unroll_is_lax_concreteness_error(schedule):
+    scan = functools.partial(remat.scan, schedule=schedule)
+    f = jax.jit(lambda n, x: scan(lambda c, z: (c, z), x, (), 10, unroll=n))
+    for n in (3, True):
+        with pytest.raises(jax.errors.ConcretizationTypeError, match="`unroll` argument"):
+            f(n, 1.0)
+
+
+@parametrize("schedule", ["per_step", remat.Nested(2)], ids=str)
+def test_unroll_true_leaves_no_loop(schedule):
+    """As JAX's test_scan_unroll: ``unroll=True`` lowers the forward pass without a loop."""
+    scan = functools.partial(remat.scan, schedule=schedule, unroll=True)
+    hlo = jax.jit(lambda c, xs: scan(lambda c, x: (jnp.sin(c * x), c), c, xs))
+    assert "while(" not in hlo.lower(jnp.ones(4), jnp.ones((20, 4))).as_text("hlo")
+
+
+@schedules
+def test_readonly_carry_is_a_constant(schedule):
+    """A carry that the body returns unchanged leaves the loop, as in lax.scan: under a cond
+    with a batched predicate it stays unbatched (JAX's test_scan_readonly_carry_optimization),
+    and it is differentiated as a constant of the body."""
+    scan = functools.partial(remat.scan, schedule=schedule)
+
+    def f(x, y):
+        def g(_, y):
+            return scan(lambda y, _: (y, None), y, None, length=1)[0]
+
+        return lax.cond(x < 0, g, g, x, y)
+
+    assert float(jax.vmap(f, (0, None), None)(jnp.arange(3.0), 3.0)) == 3.0
+
+    def loss(scan, w, c0, xs):
+        def step(c, x):
+            h, n, w_ = c
+            return (jnp.tanh(w_ * h + x), n, w_), h * w_
+
+        (h, n, _), ys = scan(step, (c0, 3, w), xs)
+        assert n == 3  # returned as given, like lax.scan's
+        return h + jnp.sum(ys)
+
+    xs = jnp.linspace(0.0, 1.0, 7)
+    want = jax.grad(functools.partial(loss, lax.scan), (0, 1, 2))(0.7, 0.3, xs)
+    got = jax.grad(functools.partial(loss, scan), (0, 1, 2))(0.7, 0.3, xs)
+    assert_tree_allclose(got, want)
 
 
 @schedules

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .._core._schedule import Binomial, Nested, check_schedule
@@ -70,7 +71,8 @@ def scan(
       length: the number of steps; required when ``xs`` is None.
       reverse: scan from the last element of ``xs`` to the first, as `jax.lax.scan` does.
       unroll: how many steps each loop iteration runs, as in `jax.lax.scan` (an int >= 0
-        or a bool); `Nested` and `Binomial` unroll within each of their segments.
+        or a bool); `Nested` and `Binomial` unroll within each of their segments, and
+        ``True`` unrolls `Nested`'s every level (no loop left, as in `lax.scan`).
       _split_transpose: passed to `jax.lax.scan` (experimental there); ignored by
         `Binomial`, whose backward pass is its own loop.
       schedule: ``"per_step"`` (default: each step checkpointed with ``policy``),
@@ -114,6 +116,16 @@ def scan(
     if schedule == "none" or not callable(f):  # `lax.scan` rejects a non-callable body
         with checks.lax_errors(schedule, xs, length):
             return lax.scan(f, init, xs, **lax_args)
+    readonly = _readonly_carry(f, init, xs)
+    if readonly is not None:  # as `lax.scan` does: read-only carries become constants
+        body, rest, restore = _without_readonly(f, init, readonly)
+        carry, ys = _scan(body, rest, xs, lax_args, schedule, policy)
+        return restore(carry), ys
+    return _scan(f, init, xs, lax_args, schedule, policy)
+
+
+def _scan(f, init, xs, lax_args, schedule, policy):
+    length, reverse, unroll = lax_args["length"], lax_args["reverse"], lax_args["unroll"]
     # A `Binomial` step keeps everything unless a policy is given (see `binomial_scan`).
     binomial = isinstance(schedule, Binomial)
     resolved = None if binomial and policy is None else resolve_policy(policy, "remat.scan")
@@ -136,7 +148,57 @@ def scan(
     lengths = schedule.lengths or nested_lengths(n, schedule.levels)
     if math.prod(lengths) < n:
         raise ValueError(_SHORT_LENGTHS.format(lengths=lengths, product=math.prod(lengths), n=n))
-    return _nested_scan(step, init, xs, n, tuple(lengths), reverse, unroll, _split_transpose)
+    split = lax_args["_split_transpose"]
+    return _nested_scan(step, init, xs, n, tuple(lengths), reverse, unroll, split)
+
+
+def _readonly_carry(f, init, xs) -> list[bool] | None:
+    """Which carry leaves ``f`` returns unchanged (None: none, or ``f`` could not be traced).
+
+    `lax.scan` moves such carries out of the loop, as constants of its body: in a `cond`
+    with a batched predicate their output is then not batched. A checkpointed body hides
+    the forwarding from `lax.scan`, so `remat.scan` finds it in a trace of ``f`` itself.
+    """
+    leaves = jax.tree_util.tree_leaves(init)
+    x_leaves = jax.tree_util.tree_leaves(xs)
+    if not leaves or any(np.ndim(a) == 0 or np.shape(a)[0] == 0 for a in x_leaves):
+        return None  # nothing to move, or `lax.scan` has something to say about xs
+
+    def probe(init, xs):
+        carry, _ = f(init, jax.tree_util.tree_map(lambda a: a[0], xs))
+        return carry
+
+    try:
+        closed, carry = jax.make_jaxpr(probe, return_shape=True)(init, xs)
+    except Exception:  # the scan itself raises `lax.scan`'s error for it
+        return None
+    if jax.tree_util.tree_structure(carry) != jax.tree_util.tree_structure(init) or any(
+        (a.shape, a.dtype) != (o.shape, o.dtype) and not a.weak_type
+        for a, o in zip(map(jax.typeof, leaves), jax.tree_util.tree_leaves(carry), strict=True)
+    ):
+        return None  # `lax.scan` reports a carry mismatch on the whole carry
+    jaxpr = closed.jaxpr
+    mask = [o is i for o, i in zip(jaxpr.outvars, jaxpr.invars[: len(leaves)], strict=True)]
+    return mask if any(mask) else None
+
+
+def _without_readonly(f, init, readonly):
+    """``f`` on the carry leaves that ``readonly`` does not select, the others closed over;
+    its initial carry; and the function that puts a final carry back together."""
+    leaves, tree = jax.tree_util.tree_flatten(init)
+    fixed = [a for a, m in zip(leaves, readonly, strict=True) if m]
+    rest = [a for a, m in zip(leaves, readonly, strict=True) if not m]
+
+    def restore(carry):
+        moving, held = iter(carry), iter(fixed)
+        return tree.unflatten([next(held) if m else next(moving) for m in readonly])
+
+    def body(carry, x):
+        carry, y = f(restore(carry), x)
+        out = jax.tree_util.tree_leaves(carry)
+        return [a for a, m in zip(out, readonly, strict=True) if not m], y
+
+    return body, rest, restore
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,7 +267,8 @@ def _exact_lengths(n: int, levels: int) -> tuple[int, ...]:
 def _nested_scan(step, init, xs, n, lengths, reverse, unroll=1, split_transpose=False):
     """Runs ``n <= prod(lengths)`` steps as nested scans with checkpointed block bodies.
 
-    ``unroll`` applies to the innermost scans (the segments of consecutive steps).
+    ``unroll`` applies to the innermost scans (the segments of consecutive steps);
+    ``unroll=True`` unrolls every level, so that, as in `lax.scan`, no loop is left.
     """
     if len(lengths) == 1:
         return lax.scan(
@@ -238,7 +301,7 @@ def _nested_scan(step, init, xs, n, lengths, reverse, unroll=1, split_transpose=
     if full:
         carry, ys_blocks = lax.scan(
             run_block(block), carry, xs_blocks, length=full, reverse=reverse,
-            _split_transpose=split_transpose,
+            unroll=unroll is True, _split_transpose=split_transpose,
         )  # fmt: skip
         ys_blocks = jax.tree_util.tree_map(
             lambda y: y.reshape(full * block, *y.shape[2:]), ys_blocks

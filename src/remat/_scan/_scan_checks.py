@@ -4,7 +4,9 @@
 catching them. So the checks are `lax.scan`'s: the schedules that build their own loops
 first trace ``lax.scan`` abstractly (`jax.eval_shape`) on the same arguments, and any
 `TypeError`, `ValueError` or `IndexError` it raises is re-raised, same type and message,
-with remat's advice (and the schedule) appended to the message.
+with remat's advice (and the schedule) added as a note (PEP 678: printed with the
+traceback, matched by ``pytest.raises(match=...)``, but not part of ``str(err)``, so code
+that compares `lax.scan`'s message exactly still sees it).
 """
 
 from __future__ import annotations
@@ -67,10 +69,10 @@ def _advice(xs: Any, length: Any) -> str | None:
 
 
 def _append(err: BaseException, text: str) -> None:
-    message = str(err.args[0]) if err.args else ""
-    if _MARK in message:
+    said = [str(err.args[0]) if err.args else "", *getattr(err, "__notes__", ())]
+    if any(_MARK in s for s in said):
         return  # an inner `remat.scan` already said it
-    err.args = (f"{message}\n\n{text}", *err.args[1:])
+    err.add_note(text)
 
 
 @contextlib.contextmanager
@@ -94,25 +96,27 @@ def check_leaves(init: Any, xs: Any) -> None:
             except TypeError as err:
                 where = name + jax.tree_util.keystr(path)
                 advice = _NOT_ARRAY_LEAF.format(kind=type(leaf).__name__, path=where)
-                raise TypeError(f"{err}\n\n{advice}") from None
+                error = TypeError(str(err))
+                error.add_note(advice)
+                raise error from None
 
 
 def check_unroll(unroll: Any) -> int | bool:
     """Checks ``unroll`` as `lax.scan` does; returns it (a bool or an int >= 0)."""
     if isinstance(unroll, bool | np.bool_):
         return bool(unroll)
+    if isinstance(unroll, jax.core.Tracer):
+        return unroll  # `lax.scan` raises its own concreteness error (see `lax_errors`)
     try:
         value = operator.index(unroll)
     except TypeError as err:
-        if isinstance(unroll, jax.core.Tracer):
-            raise  # lax.scan's own concreteness error comes from `lax_errors` below
-        raise TypeError(
-            _NON_INT_UNROLL.format(name=type(unroll).__name__)
-            + "\n\n"
-            + _BAD_UNROLL.format(got=unroll)
-        ) from err
+        error = TypeError(_NON_INT_UNROLL.format(name=type(unroll).__name__))
+        error.add_note(_BAD_UNROLL.format(got=unroll))
+        raise error from err
     if value < 0:
-        raise ValueError(_NEGATIVE_UNROLL + "\n\n" + _BAD_UNROLL.format(got=unroll))
+        error = ValueError(_NEGATIVE_UNROLL)
+        error.add_note(_BAD_UNROLL.format(got=unroll))
+        raise error
     return value
 
 
