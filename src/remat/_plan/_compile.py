@@ -1,7 +1,19 @@
-"""Compiling and measuring a plan: `remat.measure`'s numbers from one compile."""
+"""Every compile the planner runs, and `remat.measure`'s numbers from one compile.
+
+Two kinds of program are compiled, and each compile is tallied by kind (see `tally`):
+
+- ``"step"``: the whole gradient step, ``jax.value_and_grad(fn)``: the un-checkpointed
+  baseline and each plan the rounds verify. These are as expensive as the user's own compile.
+- ``"scan"``: one scan on its own, a few steps long (`remat._plan._body`): the cheap points
+  the memory model is calibrated on and each candidate is checked on before it is verified.
+
+Both are compiled with `COMPILER_OPTIONS`: the planner reads XLA's memory analysis and the
+optimised HLO, never runs the executable, and both are decided before the LLVM backend runs.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -11,6 +23,60 @@ import jax
 
 from .._core._warnings import RematWarning
 from .._measure._measurement import Measurement
+
+# LLVM's optimisation level changes only the machine code, not XLA's HLO passes, buffer
+# assignment or memory analysis: the same peak and the same HLO (so the same FLOPs), measured
+# on the demo GPT and the tests' stacks (`tests/_plan/test_compiles.py`), in about 40% of the
+# time (demo GPT: 5.3 s instead of 12.5 s).
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+STEP = "step"
+SCAN = "scan"
+
+
+@dataclasses.dataclass
+class Tally:
+    """Compiles run so far in this process, per kind, and the seconds they took."""
+
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def snapshot(self) -> tuple[dict[str, int], dict[str, float]]:
+        return dict(self.counts), dict(self.seconds)
+
+
+_TALLY = Tally()
+
+
+def tally() -> tuple[dict[str, int], dict[str, float]]:
+    """``(compiles per kind, seconds per kind)`` run by the planner in this process so far.
+
+    Example:
+      >>> from remat._plan._compile import tally
+      >>> counts, seconds = tally()
+      >>> isinstance(counts, dict) and isinstance(seconds, dict)
+      True
+    """
+    return _TALLY.snapshot()
+
+
+def compile_lowered(lowered: Any, kind: str) -> Any:
+    """Compiles a lowered program with `COMPILER_OPTIONS`, tallied as ``kind``: the one place
+    the planner compiles (tests wrap it to count)."""
+    start = time.perf_counter()
+    compiled = lowered.compile(COMPILER_OPTIONS)
+    seconds = time.perf_counter() - start
+    _TALLY.counts[kind] = _TALLY.counts.get(kind, 0) + 1
+    _TALLY.seconds[kind] = _TALLY.seconds.get(kind, 0.0) + seconds
+    return compiled
+
+
+def compile_step(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> tuple[Any, float]:
+    """The compiled gradient step of ``fn`` and the seconds the compile took."""
+    lowered = jax.jit(jax.value_and_grad(fn, argnums)).lower(*args)
+    start = time.perf_counter()
+    compiled = compile_lowered(lowered, STEP)
+    return compiled, time.perf_counter() - start
 
 
 def peak_of(m: Measurement) -> int:
@@ -37,10 +103,7 @@ def compile_measure(
     from .._shard._sharding import num_devices
     from .._trace._checkpoints import traced_dot_flops
 
-    step = jax.value_and_grad(fn, argnums)
-    start = time.perf_counter()
-    compiled = jax.jit(step).lower(*args).compile()
-    seconds = time.perf_counter() - start
+    compiled, seconds = compile_step(fn, args, argnums)
     with warnings.catch_warnings():
         # A Binomial schedule's backward loop has a data-dependent trip count that the HLO
         # reader cannot see: its FLOPs are then a lower bound (see the module docstring).
@@ -70,4 +133,5 @@ def light_peak(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> int
     """The peak of the compiled gradient step (one compile, nothing else)."""
     from .._measure._peak import peak_bytes
 
-    return peak_bytes(jax.jit(jax.value_and_grad(fn, argnums)).lower(*args).compile())
+    compiled, _ = compile_step(fn, args, argnums)
+    return peak_bytes(compiled)

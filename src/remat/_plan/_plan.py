@@ -25,6 +25,7 @@ it the measured FLOPs are a lower bound (the model's ``recompute_flops`` are not
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +34,9 @@ from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
 from ._calibrate import prepare
-from ._result import InfeasibleBudget, Plan
+from ._memo import Knowledge, key_of, recall, remember
+from ._progress import Progress
+from ._result import InfeasibleBudget, Plan, fingerprint
 from ._rounds import plan_prepared
 
 _NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
@@ -49,6 +52,7 @@ def plan(
     device_memory: int | None = None,
     offload: bool = False,
     host_bandwidth: float = HOST_BANDWIDTH,
+    verbose: bool = True,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -78,6 +82,13 @@ def plan(
         host memory space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and
         the plan is made without offloading.
       host_bandwidth: device-to-host bytes per second, each way (default 25e9, PCIe 4.0).
+      verbose: show what the plan is doing on stderr (tracing, calibrating, solving,
+        verifying round k, with the elapsed time) once it has taken more than 2 s; only
+        where stderr is a terminal.
+
+    What is learned about a program (the baseline, the calibration, every plan compiled) is
+    kept in memory by its fingerprint: planning it again at another budget compiles the
+    whole step once more at most, and never returns a plan worse than one compiled before.
 
     For arguments sharded over a mesh (or a ``jax.jit`` with ``in_shardings``), the budget
     and every memory number are per device, as XLA's memory analysis of the SPMD program.
@@ -114,8 +125,35 @@ def plan(
     offload = _offload_wanted(offload, host_bandwidth)
     if device_memory is None:
         device_memory = device_memory_bytes()
-    prepared = prepare(fn, args, argnums, schedules, host_bandwidth if offload else None)
-    return plan_prepared(prepared, budget, max_rounds, device_memory)
+    progress = Progress(verbose)
+    try:
+        know = knowledge(fn, args, argnums, schedules, host_bandwidth if offload else None,
+                         progress)  # fmt: skip
+        return plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress)
+    finally:
+        progress.close()
+
+
+def knowledge(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    argnums: Any,
+    schedules: bool,
+    host_bandwidth: float | None,
+    progress: Any = None,
+) -> Knowledge:
+    """What is known about the program ``fn`` traces to at ``args``: from memory (`_memo`)
+    when it was planned before in this process, else prepared (`prepare`) and remembered."""
+    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    key = None
+    with contextlib.suppress(Exception):  # not traceable as given: `prepare` says why
+        key = key_of(fingerprint(fn, *args), argnums, schedules, host_bandwidth)
+    know = recall(key, fn, args) if key is not None else None
+    if know is None:
+        know = Knowledge(prepare(fn, args, argnums, schedules, host_bandwidth, progress))
+        if key is not None:
+            remember(key, know)
+    return know
 
 
 def _offload_wanted(offload: bool, host_bandwidth: float) -> bool:
@@ -137,16 +175,23 @@ def plan_budgets(
     argnums: int | Sequence[int] = 0,
     schedules: bool = True,
     max_rounds: int = 4,
+    verbose: bool = True,
 ) -> list[Plan | InfeasibleBudget]:
-    """`plan` at several budgets, sharing the tracing, modelling and calibration compiles.
+    """`plan` at several budgets, sharing the tracing, the calibration and every compiled
+    plan (a plan compiled for one budget competes at the others).
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
     """
-    prep = prepare(fn, args, argnums, schedules)
+    budgets = [read_budget(b) for b in budgets]
+    progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
-    for budget in budgets:
-        try:
-            out.append(plan_prepared(prep, read_budget(budget), max_rounds))
-        except InfeasibleBudget as err:
-            out.append(err)
+    try:
+        know = knowledge(fn, args, argnums, schedules, None, progress)
+        for budget in budgets:
+            try:
+                out.append(plan_prepared(know.prepared, budget, max_rounds, None, know, progress))
+            except InfeasibleBudget as err:
+                out.append(err)
+    finally:
+        progress.close()
     return out

@@ -60,6 +60,24 @@ class InfeasibleBudget(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class PlanStats:
+    """What making a plan cost.
+
+    Attributes:
+      step_compiles: compiles of the whole gradient step (the baseline and the calibration,
+        unless the program was planned before in this process, and each verified round).
+      scan_compiles: compiles of one scan on its own (calibration and candidate checks).
+      compile_seconds: seconds spent compiling, both kinds.
+      seconds: the plan's wall time, from the call to the result.
+    """
+
+    step_compiles: int
+    scan_compiles: int
+    compile_seconds: float
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A checkpointing plan: the rewritten function and why it was chosen.
 
@@ -73,8 +91,10 @@ class Plan:
       baseline_peak_bytes: the un-checkpointed gradient step's peak.
       baseline_flops: the un-checkpointed gradient step's matmul FLOPs.
       solve_seconds: seconds spent modelling and solving, without the compiles.
-      rounds: solve-and-measure rounds it took.
+      rounds: solve-and-measure rounds this call ran (each solves, then compiles the step
+        or reads a step compiled before for the same program); at most ``max_rounds``.
       fingerprint: hash of the traced program the plan is for (see `load_plan`).
+      stats: compiles and seconds it took (`PlanStats`; ``None`` for a loaded plan).
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -88,6 +108,7 @@ class Plan:
     rounds: int
     fingerprint: str
     argnums: int | tuple[int, ...] = 0
+    stats: PlanStats | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -131,7 +152,7 @@ class Plan:
             **{
                 f.name: to_plain(getattr(self, f.name))
                 for f in dataclasses.fields(self)
-                if f.name not in ("fn", "scans", "measured")
+                if f.name not in ("fn", "scans", "measured", "stats")
             },
             "scans": [
                 {
