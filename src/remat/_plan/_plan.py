@@ -26,6 +26,7 @@ it the measured FLOPs are a lower bound (the model's ``recompute_flops`` are not
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
 from ._calibrate import prepare
+from ._compile import tally
 from ._memo import Knowledge, key_of, recall, remember
 from ._progress import Progress
 from ._result import InfeasibleBudget, Plan, fingerprint
@@ -126,10 +128,13 @@ def plan(
     if device_memory is None:
         device_memory = device_memory_bytes()
     progress = Progress(verbose)
+    since = (tally(), time.perf_counter())
     try:
         know = knowledge(fn, args, argnums, schedules, host_bandwidth if offload else None,
                          progress)  # fmt: skip
-        return plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress)
+        return plan_prepared(
+            know.prepared, budget, max_rounds, device_memory, know, progress, since
+        )
     finally:
         progress.close()
 
@@ -185,13 +190,17 @@ def plan_budgets(
     budgets = [read_budget(b) for b in budgets]
     progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
+    since: tuple[Any, ...] | None = (tally(), time.perf_counter())
     try:
         know = knowledge(fn, args, argnums, schedules, None, progress)
-        for budget in budgets:
+        for budget in budgets:  # the first plan's stats include the shared preparation
             try:
-                out.append(plan_prepared(know.prepared, budget, max_rounds, None, know, progress))
+                out.append(
+                    plan_prepared(know.prepared, budget, max_rounds, None, know, progress, since)
+                )
             except InfeasibleBudget as err:
                 out.append(err)
+            since = None
     finally:
         progress.close()
     return out

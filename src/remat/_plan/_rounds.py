@@ -32,6 +32,10 @@ CHECKS = 4
 STEP_BACK = 0.002
 # Budgets above the real one at which cheaper candidates are looked for (`_cheaper_candidate`).
 RELAX = (0.0, 0.04, 0.08)
+# A cheaper candidate predicted at most this far over the budget is still verified: the margin
+# was measured on another plan, and a calibration point (e.g. every step recomputed) can sit
+# exactly at the budget.
+BAND = 0.02
 
 
 def plan_prepared(
@@ -41,19 +45,21 @@ def plan_prepared(
     device_memory: int | None = None,
     knowledge: Knowledge | None = None,
     progress: Any = None,
+    since: tuple[Any, ...] | None = None,
 ) -> Plan:
     """Solves, checks, compiles and measures for one budget (see `plan` and the module
-    docstring); ``knowledge`` is what is known about the program (`_memo`), updated here."""
+    docstring); ``knowledge`` is what is known about the program (`_memo`), updated here;
+    ``since`` is ``(tally(), perf_counter())`` when the plan began, if before this call."""
     say = progress or (lambda _: None)
     know = knowledge if knowledge is not None else Knowledge(prep)
-    counts0, seconds0 = tally()
-    clock = time.perf_counter()
+    (counts0, seconds0), clock = since or (tally(), time.perf_counter())
     budget_bytes = budget.to_bytes(peak_of(prep.baseline), device_memory)
     solve_seconds = 0.0
     rounds = 0
     tight = 0.0
     checks = 0
     pending: tuple[Solution, Choice] | None = None
+    excluded: list[Solution] = []
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
@@ -65,7 +71,8 @@ def plan_prepared(
             solution, _ = pending
         else:
             solution = solve(prep.nodes, budget_bytes, options=options,
-                             fixed_bytes=prep.base + margin + tight, **weights)  # fmt: skip
+                             fixed_bytes=prep.base + margin + tight, exclude=excluded,
+                             **weights)  # fmt: skip
         pending = None
         smallest = solution is None
         if smallest:  # nothing fits the model: the least memory it knows
@@ -80,11 +87,14 @@ def plan_prepared(
         else:
             choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
                             prep.stored, prep.slice)  # fmt: skip
+        rival = _calibration_rival(prep, know, choice, budget_bytes)
+        if rival is not None:  # a calibration point as cheap, predicted to fit: take it
+            choice, solution = rival, _solution_of(prep, rival)
         key = choice_key(choice)
         known = know.measured.get(key)
         if known is not None and peak_of(known.measured) > budget_bytes and checks < CHECKS:
             checks += 1  # compiled before and over: exclude it without a round
-            tight += peak_of(known.measured) - budget_bytes + STEP_BACK * budget_bytes
+            excluded.append(solution)
             continue
         if known is None:
             say(f"checking a candidate on its scans alone (round {rounds + 1})")
@@ -93,10 +103,14 @@ def plan_prepared(
             if recharged and checks < CHECKS:
                 checks += 1
                 continue  # a schedule's first charge: solve again with it
-            if predicted > budget_bytes and not smallest and checks < CHECKS:
-                checks += 1
-                tight += predicted - budget_bytes + STEP_BACK * budget_bytes
-                continue
+            if predicted > budget_bytes and not smallest:
+                if checks < CHECKS:  # exclude it, and step the model back by its excess
+                    checks += 1
+                    excluded.append(solution)
+                    tight += predicted - budget_bytes + STEP_BACK * budget_bytes
+                    continue
+                if _best(prep, know, budget_bytes) is not None:
+                    break  # predicted over, and a plan that fits is known: no round for it
             say(f"verifying round {rounds + 1}: compiling the step")
             measured = compile_measure(
                 _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline
@@ -113,7 +127,7 @@ def plan_prepared(
             if rounds >= min(ROUNDS, max_rounds):
                 break
             say("looking for a cheaper plan on the scans alone")
-            pending = _cheaper_candidate(prep, know, budget_bytes, options, tight)
+            pending = _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded)
             if pending is None:
                 break
         elif rounds >= ROUNDS and _best(prep, know, budget_bytes) is not None:
@@ -212,38 +226,59 @@ def _best(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
     return min(fits, key=lambda k: (cost(prep, k), peak_of(k.measured)))
 
 
-def _cheaper_candidate(prep, know, budget_bytes, options, tight):
+def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded):
     """A plan cheaper than the best one known that its scans, compiled alone, predict to fit
     (with the memory outside the scans the verified plans showed), or None.
 
     The integer program's memory is linear in the saved and transient bytes, and XLA's is
-    not quite: the program is solved at the budget and at up to `RELAX` above it, and each
-    cheaper candidate is checked alone (a cheap compile), so that a plan the linear model
-    overestimates by a few percent is still found.
+    not quite: the program is solved at the budget and up to `RELAX` above it, excluding
+    each candidate already compiled or checked, and the cheaper ones are checked alone (a
+    cheap compile each, at most `CHECKS`), so that a plan the linear model overestimates by
+    a few percent is still found.
     """
     best = _best(prep, know, budget_bytes)
     if best is None:
         return None
     margin = know.margin or 0.0
-    seen = set()
+    excluded = list(excluded)
+    checks = 0
     for relax in RELAX:
-        solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
-                         fixed_bytes=prep.base + margin + tight, transient_weight=prep.weight,
-                         stored_weight=prep.stored, slice_weight=prep.slice)  # fmt: skip
-        if solution is None:
-            continue
-        choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
-                        prep.stored, prep.slice)  # fmt: skip
-        key = choice_key(choice)
-        if key in know.measured or key in seen:
-            continue
-        seen.add(key)
-        if prep.baseline.flops + choice.flops >= cost(prep, best) * (1 - 1e-9):
-            continue
-        alone, _ = check_alone(prep, know, solution, choice)
-        if alone + margin <= budget_bytes:
-            return solution, choice
+        while checks < CHECKS:
+            solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
+                             fixed_bytes=prep.base + margin + tight, exclude=excluded,
+                             transient_weight=prep.weight, stored_weight=prep.stored,
+                             slice_weight=prep.slice)  # fmt: skip
+            if solution is None:
+                break
+            choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
+                            prep.stored, prep.slice)  # fmt: skip
+            if prep.baseline.flops + choice.flops >= cost(prep, best) * (1 - 1e-9):
+                break  # nothing cheaper at this budget
+            excluded.append(solution)
+            if choice_key(choice) in know.measured:
+                continue
+            checks += 1
+            alone, _ = check_alone(prep, know, solution, choice)
+            if alone + margin <= budget_bytes * (1 + BAND):
+                return solution, choice
     return None
+
+
+def _calibration_rival(prep, know, choice, budget_bytes):
+    """A calibration point not yet compiled that costs no more FLOPs than ``choice`` and
+    whose scans, compiled alone, predict a fit; the cheapest such (or None). The linear model
+    cannot tell such a point from a choice a few bytes away, and its prediction is the
+    scan-alone one, not the model's."""
+    margin = know.margin or 0.0
+    rivals = [
+        (c.flops, p, c)
+        for c, p in prep.calibration
+        if choice_key(c) not in know.measured
+        and c.flops <= choice.flops
+        and p + margin <= budget_bytes
+        and choice_key(c) != choice_key(choice)
+    ]
+    return min(rivals, key=lambda r: r[:2])[2] if rivals else None
 
 
 def _charged(prep: Prepared, know: Knowledge) -> tuple[Option, ...]:
