@@ -12,6 +12,7 @@ import pytest
 
 import remat
 from remat._core._strategy import offload_available
+from remat._plan._plan import plan_budgets
 
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 WS = jnp.ones((2, 3, 3)) * 0.1
@@ -208,6 +209,225 @@ CASES = {
         "str",
         "array",
     ),
+    # the mistakes of issue 14, in the words the user typed
+    "measure-repeated-argnums": (
+        lambda: remat.measure(loss, WS, X, argnums=(0, 0), repeats=0),
+        ValueError,
+        "remat.measure",
+        "argnums=(0, 0)",
+        "each position once",
+    ),
+    "strategy-float-scans": (
+        lambda: remat.Strategy("full", scans=1.5),
+        ValueError,
+        "remat.Strategy",
+        "scans=1.5",
+        "scans=(0, 'decoder')",
+    ),
+    "nested-int-lengths": (
+        lambda: remat.Nested(lengths=5),
+        ValueError,
+        "remat.Nested",
+        "lengths=5",
+        "lengths=(4, 8)",
+    ),
+    "plan-tiny-fraction": (
+        lambda: remat.plan(loss, WS, X, budget=1e-9),
+        ValueError,
+        "remat.plan",
+        "budget=1e-09",
+        "[0.001, 1]",
+    ),
+    "plan-overflowing-budget": (
+        lambda: remat.plan(loss, WS, X, budget="1e400"),
+        ValueError,
+        "remat.plan",
+        "budget='1e400'",
+        "'6GiB'",
+    ),
+    "plan-str-device-memory": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, device_memory="abc"),
+        ValueError,
+        "remat.plan",
+        "device_memory='abc'",
+        "16 * 2**30",
+    ),
+    "plan-str-schedules": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, schedules="yes"),
+        ValueError,
+        "remat.plan",
+        "schedules='yes'",
+        "True or False",
+    ),
+    "compare-unknown-baseline": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], baseline="bogus", repeats=0),
+        ValueError,
+        "remat.compare",
+        "baseline='bogus'",
+        "baseline='none'",
+    ),
+    # found by giving every public argument a wrong type, range or unit
+    "strategy-negative-scan": (
+        lambda: remat.Strategy("full", scans=(-1,)),
+        ValueError,
+        "remat.Strategy",
+        "scans=(-1,)",
+        "ints >= 0",
+    ),
+    "plan-budget-in-the-wrong-unit": (
+        lambda: remat.plan(loss, WS, X, budget=5),
+        ValueError,
+        "remat.plan",
+        "budget=5",
+        "'5GiB'",
+    ),
+    "plan-percent-as-bytes": (
+        lambda: remat.plan(loss, WS, X, budget=50),
+        ValueError,
+        "remat.plan",
+        "budget=50",
+        "'50%'",
+    ),
+    "plan-tiny-percent": (
+        lambda: remat.plan(loss, WS, X, budget="0.00001%"),
+        ValueError,
+        "remat.plan",
+        "budget='0.00001%'",
+        "'50%'",
+    ),
+    "plan-device-memory-in-gib": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, device_memory=16),
+        ValueError,
+        "remat.plan",
+        "device_memory=16",
+        "16 * 2**30",
+    ),
+    "plan-float-device-memory": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, device_memory=1.5e10),
+        ValueError,
+        "remat.plan",
+        "device_memory=15000000000.0",
+        "int number of bytes",
+    ),
+    "plan-str-host-bandwidth": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, host_bandwidth="fast"),
+        ValueError,
+        "remat.plan",
+        "host_bandwidth='fast'",
+        "25e9",
+    ),
+    "plan-host-bandwidth-in-gb": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, host_bandwidth=25),
+        ValueError,
+        "remat.plan",
+        "host_bandwidth=25",
+        "host_bandwidth=25e9",
+    ),
+    "plan-str-offload": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, offload="yes"),
+        ValueError,
+        "remat.plan",
+        "offload='yes'",
+        "True or False",
+    ),
+    "plan-str-max-rounds": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, max_rounds="4"),
+        ValueError,
+        "remat.plan",
+        "max_rounds='4'",
+        "int >= 1",
+    ),
+    "plan-repeated-argnums": (
+        lambda: remat.plan(loss, WS, X, budget=0.5, argnums=(1, 1)),
+        ValueError,
+        "remat.plan",
+        "argnums=(1, 1)",
+        "argnums=1",
+    ),
+    "plan-none-budget": (
+        lambda: remat.plan(loss, WS, X, budget=None),
+        ValueError,
+        "remat.plan",
+        "budget=None",
+        "'512MiB'",
+    ),
+    "plan-budgets-as-one-string": (
+        lambda: plan_budgets(loss, WS, X, budgets="50%"),
+        ValueError,
+        "plan_budgets",
+        "budgets='50%'",
+        "budgets=['75%', '50%', '2GiB']",
+    ),
+    "plan-budgets-bad-entry": (
+        lambda: plan_budgets(loss, WS, X, budgets=["50%", "lots"]),
+        ValueError,
+        "plan_budgets",
+        "budget='lots'",
+        "'512MiB'",
+    ),
+    "plan-budgets-str-schedules": (
+        lambda: plan_budgets(loss, WS, X, budgets=["50%"], schedules="no"),
+        ValueError,
+        "plan_budgets",
+        "schedules='no'",
+        "True or False",
+    ),
+    "compare-negative-repeats": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=-1),
+        ValueError,
+        "remat.compare",
+        "repeats=-1",
+        "int >= 0",
+    ),
+    "compare-float-repeats": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=2.5),
+        ValueError,
+        "remat.compare",
+        "repeats=2.5",
+        "int >= 0",
+    ),
+    "compare-title-not-str": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=0, title=3),
+        ValueError,
+        "remat.compare",
+        "title=3",
+        "string",
+    ),
+    "compare-str-progress": (
+        lambda: remat.compare(loss, WS, X, strategies=["full"], repeats=0, progress="no"),
+        ValueError,
+        "remat.compare",
+        "progress='no'",
+        "True or False",
+    ),
+    "lint-str-measure": (
+        lambda: remat.lint(loss, WS, X, measure="yes"),
+        ValueError,
+        "remat.lint",
+        "measure='yes'",
+        "True",
+    ),
+    "load-plan-not-callable": (
+        lambda: remat.load_plan("plan.json", "loss", WS, X),
+        TypeError,
+        "remat.load_plan",
+        "fn='loss'",
+        "remat.load_plan(path, loss, *args)",
+    ),
+    "load-plan-directory": (
+        lambda: remat.load_plan(os.path.dirname(__file__), loss, WS, X),
+        ValueError,
+        "remat.load_plan",
+        os.path.dirname(__file__),
+        "Plan.to_json",
+    ),
+    "report-from-json-directory": (
+        lambda: remat.Report.from_json(os.path.dirname(__file__)),
+        ValueError,
+        "remat.Report.from_json",
+        os.path.dirname(__file__),
+        "cannot read it",
+    ),
 }
 
 
@@ -277,3 +497,33 @@ def test_offload_strategy_without_host_memory_names_the_function_called(public):
     }[public]
     with pytest.raises(ValueError, match=rf"^`remat.{public}` got strategy 'offload:a'.*names:a"):
         call()
+
+
+def test_unparseable_budget_names_no_internal_placeholder():
+    with pytest.raises(ValueError) as info:
+        remat.plan(loss, WS, X, budget="lots")
+    message = str(info.value)
+    assert "`remat.plan`" in message and "budget='lots'" in message
+    assert "2**62" not in message and str(2**62) not in message and "0 bytes" not in message
+
+
+@pytest.mark.parametrize("spelled", ["0.5", " 0.5 ", "5e-1"])
+def test_a_unitless_string_fraction_is_that_fraction_of_the_peak(spelled):
+    from remat._core._budget import read_budget
+
+    budget = read_budget(spelled, sensible=True)
+    assert budget.fraction == 0.5 and budget.bytes is None
+    assert budget.to_bytes(baseline_peak=1000) == 500
+
+
+@pytest.mark.parametrize(
+    ("content", "why"), [(b"\xff\xfe\x00garbage", "UTF-8"), (b"{not json", "invalid JSON")]
+)
+def test_report_from_json_names_the_file_it_cannot_read(tmp_path, content, why):
+    path = tmp_path / "report.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        remat.Report.from_json(path)
+    message = str(info.value)
+    assert "`remat.Report.from_json`" in message and str(path) in message and why in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__

@@ -192,11 +192,30 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
 
         raise InfeasibleBudget(budget, 100, 200, 400)
 
+    def fake_plan_budgets(fn, *args, budgets, schedules):
+        return [fake_plan_error(b) for b in budgets]
+
+    def fake_plan_error(budget):
+        from remat import InfeasibleBudget
+
+        return InfeasibleBudget(budget, 100, 200, 400)
+
     monkeypatch.setattr("remat._report._compare.compare", fake_compare)
     monkeypatch.setattr("remat._plan._plan.plan", fake_plan)
+    monkeypatch.setattr("remat._plan._plan.plan_budgets", fake_plan_budgets)
     out = tmp_path / "demo"
     assert main(["demo", *TINY_DEMO, "--repeats", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
+    # The unrolled twin's table comes last: the scanned GPT and its twin, side by side.
+    twin = printed.index(
+        "The same GPT with its blocks in a Python loop, which remat rolls into a scan:"
+    )
+    table, printed = printed[twin + 1 :], printed[:twin]
+    assert table[0].startswith("| model | peak MiB | GFLOPs | plan 50% | plan 35% |")
+    assert table[2].startswith("| scanned (nn.scan) |") and "no fit (>= 0.0)" in table[2]
+    assert table[3].startswith("| unrolled (Python loop) |")
+    assert table[-1].startswith("unrolled twin: rolled 2 layers of ")
+    printed = [line for line in printed if line]
     assert len(seen["strategies"]) >= 6 and seen["repeats"] == 2
     assert seen["args"][1].shape == (2, 9)  # batch 2, seq 8 (+1 for the targets)
     report = Report.from_json(out / "report.json")
@@ -215,6 +234,9 @@ def test_demo_end_to_end(tmp_path, capsys):
 
     assert main(["demo", *TINY_DEMO, "--repeats", "1", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
+    twin = [i for i, line in enumerate(printed) if line.startswith("The same GPT")]
+    assert "| unrolled (Python loop) |" in "\n".join(printed[twin[0] :])
+    printed = [line for line in printed[: twin[0]] if line]
     report = Report.from_json(tmp_path / "report.json")
     assert len(report.rows) >= 6 and report.baseline == "none"
     assert printed[-2] == pick_sentence(report)

@@ -130,3 +130,18 @@ def test_plan_bad_budget_exits_2_with_one_line(capsys, target):
     code, _, err = _run(capsys, ["plan", f"{target}:make", "--budget", "lots"])
     assert code == 2
     assert err.count("\n") == 1 and "'lots'" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["measure", "--strategy", "bogus", "--repeats", "0"], "remat measure --strategy"),
+        (["compare", "--strategies", "full,bogus"], "remat compare --strategies"),
+        (["compare", "--strategies", "full", "--baseline", "bogus"], "remat compare --baseline"),
+        (["lint", "--strategy", "bogus"], "remat lint --strategy"),
+    ],
+)
+def test_unknown_strategy_names_the_command_and_the_strategy(capsys, target, argv, names):
+    code, _, err = _run(capsys, [argv[0], f"{target}:make", *argv[1:]])
+    assert code == 2 and err.count("\n") == 1
+    assert names in err and "'bogus'" in err

@@ -128,7 +128,7 @@ def test_json_round_trip(stack, plans, tmp_path):
     assert q.predicted_peak_bytes == p.predicted_peak_bytes
     assert q.fingerprint == p.fingerprint
     assert_tree_allclose(jax.grad(q.fn)(*args), jax.grad(p.fn)(*args))
-    assert json.loads(path.read_text())["format"] == 1
+    assert json.loads(path.read_text())["format"] == 2
 
 
 def test_changed_program_is_refused(stack, plans, tmp_path):

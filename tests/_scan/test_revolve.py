@@ -122,19 +122,37 @@ def test_errors_name_the_function(n, snapshots, match):
 
 
 def test_compiled_table_replays_the_schedule():
-    """`remat.scan`'s Binomial backward table (`_macros`), replayed on symbolic carries: the
-    forward pass stores the first sweep's snapshots and the last step's input; each table row
-    restores, advances, stores and reverses consistently; in all, A(n, s) advances."""
-    from remat._scan._scan import _macros
+    """`remat.scan`'s Binomial backward table (`_plan`), replayed on symbolic carries: the
+    forward sweep stores the first sweep's snapshots and the last step's input; each table row
+    (one unit action) restores, advances or reverses one step, and stores consistently; in
+    all, A(n, s) advances."""
+    from remat._scan._scan_binomial import ADVANCE, REVERSE, _plan
 
     for n in range(1, 121):
         for s in range(1, 9):
-            stores, first, table, slots = _macros(n, s)
+            stores, first, slots, table, macros = _plan(n, s)
             assert slots <= s and max(stores) == n - 1
             rows = {row: index for index, row in stores.items()}  # forward pass writes
             assert 0 <= first <= slots and rows[first] == n - 1
             current, expected, advances = n - 1, n - 1, n - 1  # the forward's first sweep
-            for restore, start, advance, store, reverse in table.tolist():
+            for restore, index, kind, store in table.tolist():
+                if restore >= 0:
+                    current = 0 if restore == 0 else rows[restore - 1]
+                assert current == index
+                if kind == ADVANCE:
+                    current += 1
+                    advances += 1
+                else:
+                    assert kind == REVERSE and current == expected
+                    expected -= 1
+                if store >= 1:
+                    rows[store - 1] = current
+            assert expected == -1
+            assert advances == remat.revolve_cost(n, s), (n, s)
+            # The macro rows (restore, start, advance, store, reverse) replay the same way.
+            rows = {row: index for index, row in stores.items()}
+            current, expected, advances = n - 1, n - 1, n - 1
+            for restore, start, advance, store, reverse in macros.tolist():
                 if restore >= 0:
                     current = 0 if restore == 0 else rows[restore - 1]
                 assert current == start
@@ -145,5 +163,4 @@ def test_compiled_table_replays_the_schedule():
                 if reverse:
                     assert current == expected
                     expected -= 1
-            assert expected == -1
-            assert advances == remat.revolve_cost(n, s), (n, s)
+            assert expected == -1 and advances == remat.revolve_cost(n, s)

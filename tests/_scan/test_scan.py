@@ -183,8 +183,9 @@ def test_binomial_memory_is_flat_in_n_and_per_step_is_linear():
     binomial = {n: c.memory_analysis().temp_size_in_bytes for n, c in compiled.items()}
     assert binomial[64] == binomial[4096]
     # The program does not grow with N either: the same HLO instructions (the schedule is a
-    # constant table, printed elided), the same loops.
-    hlo = {n: c.as_text().splitlines() for n, c in compiled.items()}
+    # constant table, printed elided), the same loops. (Instructions only: the source-frame
+    # tables printed after them differ with the caller's stack.)
+    hlo = {n: [ln for ln in c.as_text().splitlines() if " = " in ln] for n, c in compiled.items()}
     assert len(hlo[64]) == len(hlo[4096])
     assert sum(" while(" in line for line in hlo[64]) == sum(
         " while(" in line for line in hlo[4096]
@@ -245,7 +246,8 @@ def test_errors_name_remat_scan():
         remat.scan(step, 0.0)
     with pytest.raises(ValueError, match=r"`remat.scan` got xs leaves with different"):
         remat.scan(step, 0.0, (xs, jnp.ones(4)))
-    with pytest.raises(ValueError, match=r"`remat.scan` got an xs leaf of shape \(\)"):
+    # `lax.scan`'s own error types, with remat's advice appended to `lax.scan`'s message.
+    with pytest.raises(IndexError, match=r"`remat.scan` got an xs leaf of shape \(\)"):
         remat.scan(step, 0.0, jnp.float32(1.0))
     with pytest.raises(ValueError, match=r"`remat.scan` got length=-1"):
         remat.scan(step, 0.0, length=-1)
@@ -253,9 +255,9 @@ def test_errors_name_remat_scan():
         remat.scan(step, 0.0, xs, schedule=remat.Nested(2, lengths=(2, 2)))
     with pytest.raises(ValueError, match=r"`remat.scan` got strategy 'bogus'"):
         remat.scan(step, 0.0, xs, policy="bogus")
-    with pytest.raises(TypeError, match=r"`remat.scan` got a body whose output carry"):
+    with pytest.raises(TypeError, match=r"(?s)must have equal types.*schedule=Binomial"):
         remat.scan(lambda c, x: (jnp.stack([c, x]), c), 0.0, xs, schedule=remat.Binomial(2))
-    with pytest.raises(TypeError, match=r"`remat.scan` got a body whose output carry"):
+    with pytest.raises(TypeError, match=r"(?s)must have equal types.*schedule=Binomial"):
         remat.scan(step, jnp.int32(0), xs, schedule=remat.Binomial(2))  # int32 -> float32
 
 

@@ -393,16 +393,30 @@ def test_schedules_run_through_remat_scan():
 
 def test_no_scan_checkpoints_whole_function_with_warning():
     def f(w, x):
-        return jnp.sum(jnp.sin(jnp.sin(x @ w) @ w))
+        return jnp.sum(jnp.cos(jnp.sin(x @ w) @ w))
 
     args = mlp_args()[0][0], mlp_args()[1]
     f2 = remat.apply(f, "full")
-    with pytest.warns(remat.RematWarning, match=r"rarely saves memory.*scan"):
+    with pytest.warns(remat.RematWarning, match=r"rarely saves memory.*scan.*Nothing could be"):
         check_twin(f, f2, *args)
     assert count(jax.make_jaxpr(f2)(*args).jaxpr, "remat2") == 1  # warned once, above
     assert remat.apply(f, "none") is f  # nothing to do, nothing to warn about
     with pytest.raises(ValueError, match=r"matches no scan.*scans are: none"):
         remat.apply(f, remat.Strategy("full", scans=(0,)))(*args)
+
+
+def test_repeated_layers_are_rolled_unless_roll_is_false():
+    def f(w, x):  # two identical layers sharing ``w``: rolled into a scan of 2
+        return jnp.sum(jnp.sin(jnp.sin(x @ w) @ w))
+
+    args = mlp_args()[0][0], mlp_args()[1]
+    (info,) = remat.list_scans(f, *args)
+    assert (info.name, info.length, info.stacked) == ("rolled_2_layers", 2, ())
+    assert remat.list_scans(f, *args, roll=False) == []
+    check_twin(f, remat.apply(f, "full"), *args)
+    with pytest.warns(remat.RematWarning, match=r"rarely saves memory") as record:
+        check_twin(f, remat.apply(f, "full", roll=False), *args)
+    assert "Nothing could be rolled" not in str(record[0].message)
 
 
 def test_decorator_form():

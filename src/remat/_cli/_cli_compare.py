@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 from pathlib import Path
 
 from ._errors import EXIT_USAGE, CliError
@@ -12,7 +13,7 @@ _BARE = ("none", "full", "dots", "dots_no_batch", "everything")
 _SCHEDULE = re.compile(r"^(?P<policy>.+)\+(?P<kind>nested|binomial)\((?P<n>\d+)\)$")
 
 
-def parse_strategy(text: str):
+def parse_strategy(text: str, where: str = "remat compare --strategies"):
     """A strategy from its command-line spelling: a strategy string, optionally followed by
     ``+nested(LEVELS)`` or ``+binomial(SNAPSHOTS)`` (the labels `remat.Strategy.name` gives).
 
@@ -31,8 +32,9 @@ def parse_strategy(text: str):
         if match:
             n = int(match["n"])
             schedule = Nested(levels=n) if match["kind"] == "nested" else Binomial(n)
+            check_policy(match["policy"], where)
             return Strategy(match["policy"], schedule=schedule)
-        check_policy(text, "remat compare")
+        check_policy(text, where)
     except ValueError as err:
         raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
     return text
@@ -91,8 +93,18 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--baseline", default="none", help="strategy compared with (default none)")
     parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per strategy")
     parser.add_argument("--out", type=Path, help="directory for report.json and pareto.png")
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="apply the strategies to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+    )
     parser.set_defaults(func=run)
 
 
@@ -102,8 +114,12 @@ def run(args: argparse.Namespace) -> int:
     strategies = {label: parse_strategy(label) for label in split_strategies(args.strategies)}
     if not strategies:
         raise CliError("--strategies is empty; give at least one, e.g. --strategies full,dots")
-    baseline = parse_strategy(args.baseline)
+    baseline = parse_strategy(args.baseline, "remat compare --baseline")
     argnums = parse_argnums(args.argnums)
+    if args.out is not None:  # a wrong path fails now, not after compiling
+        from .._core._io import check_folder
+
+        check_folder(args.out, ("report.json", "pareto.png"), "--out")
     fn, fn_args = load_target(args.target)
     from .._report._compare import compare  # after the cheap checks: a bad target fails fast
 
@@ -115,8 +131,11 @@ def run(args: argparse.Namespace) -> int:
         argnums=argnums,
         repeats=args.repeats,
         title=args.target,
+        has_aux=args.has_aux,
+        roll=not args.no_roll,
     )
-    print(report)
+    # As wide as the terminal (or $COLUMNS); at 60 columns the numbers still print whole.
+    print(report.render(shutil.get_terminal_size((120, 24)).columns))
     if args.out is not None:
         try:
             print(f"wrote {report.to_json(args.out / 'report.json')}")

@@ -3,13 +3,14 @@
 Builds the embedded GPT (`remat._models._gpt.make_gpt`), compares checkpointing strategies on its
 training step with `remat.compare`, prints the table, writes ``report.json`` and
 ``pareto.png`` into ``--out``, and says in one sentence which strategy it would pick for half
-the memory.
+the memory; then compares the GPT with its unrolled twin (`_cli_demo_unrolled`).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -76,6 +77,11 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument(
+        "--no-unrolled",
+        action="store_true",
+        help="skip the GPT's unrolled twin (its blocks in a Python loop, rolled by remat)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("remat-demo"),
@@ -93,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     sizes = {name: getattr(args, name) for name in DEFAULTS}
     if any(v < 1 for v in sizes.values()) or args.repeats < 0:
         raise CliError(f"sizes must be positive and --repeats >= 0; got {sizes}", EXIT_USAGE)
+    from .._core._io import check_folder
+
+    check_folder(args.out, ("report.json", "pareto.png"), "--out")  # fails now, not later
     title = "GPT: {layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}"
     title = title.format(**sizes)
     build = make_gpt
@@ -128,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             title=title,
         )
-    print(report)
+    # As wide as the terminal (or $COLUMNS); at 60 columns the numbers still print whole.
+    print(report.render(shutil.get_terminal_size((120, 24)).columns))
     half = 0.5 * report.baseline_measurement.peak_bytes
     planned, plan_line = _plan_half(loss_fn, fn_args)
     try:
@@ -145,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     print(plan_line)
+    if not getattr(args, "sharded", False) and not getattr(args, "no_unrolled", False):
+        from ._cli_demo_unrolled import unrolled_table
+
+        print("\nThe same GPT with its blocks in a Python loop, which remat rolls into a scan:")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RematWarning)
+            print(unrolled_table(sizes))
     return 0
 
 

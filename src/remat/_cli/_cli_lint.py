@@ -39,6 +39,11 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--exit-zero", action="store_true", help="exit 0 even when there are findings"
     )
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+    )
     parser.set_defaults(func=run)
 
 
@@ -67,9 +72,16 @@ def run(args: argparse.Namespace) -> int:
             check_policy(args.strategy, "remat lint --strategy")
         except ValueError as err:
             raise CliError(str(err)) from err
+    if args.json:  # a wrong path fails now, not after compiling
+        from .._core._io import check_writable
+
+        check_writable(args.json, "--json")
     fn, fn_args = _load(args.target)
     try:
-        findings = lint(fn, *fn_args, strategy=args.strategy, measure=not args.no_measure)
+        findings = lint(
+            fn, *fn_args, strategy=args.strategy, measure=not args.no_measure,
+            roll=not args.no_roll,
+        )  # fmt: skip
     except (TypeError, ValueError) as err:
         raise CliError(str(err).splitlines()[0]) from err
     for finding in findings:

@@ -21,23 +21,46 @@ def register(subparsers) -> None:
     )
     parser.add_argument("target", metavar="FILE_OR_MODULE:FACTORY")
     parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
     parser.add_argument("--strategy", default=None, help="apply this strategy first (e.g. full)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs after a warm-up")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the measurement")
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._core._io import atomic_write_text
+    from .._core._io import atomic_write_text, check_writable
     from ._cli_compare import parse_argnums, parse_strategy
     from ._target import load_target
 
-    strategy = parse_strategy(args.strategy) if args.strategy is not None else None
+    if args.strategy is not None:
+        strategy = parse_strategy(args.strategy, "remat measure --strategy")
+    else:
+        strategy = None
     argnums = parse_argnums(args.argnums)
+    if args.json is not None:  # a wrong path fails now, not after compiling
+        check_writable(args.json, "--json")
     fn, fn_args = load_target(args.target)
     from .._measure._measure import measure  # after the cheap checks: a bad target fails fast
 
-    m = measure(fn, *fn_args, argnums=argnums, strategy=strategy, repeats=args.repeats)
+    m = measure(
+        fn,
+        *fn_args,
+        argnums=argnums,
+        strategy=strategy,
+        repeats=args.repeats,
+        has_aux=args.has_aux,
+        roll=not args.no_roll,
+    )
     _print(m, args.target)
     if args.json is not None:
         text = json.dumps(dataclasses.asdict(m), indent=1) + "\n"
@@ -47,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _print(m, target: str) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(highlight=False)
     console.print(f"[bold]{target}[/bold]  strategy: {m.strategy}  backend: {m.backend}")
@@ -83,17 +105,35 @@ def _print(m, target: str) -> None:
             "move the layers into a scan for checkpointing to take effect."
         )
     if m.residuals:
-        table = Table(title="largest residuals", title_justify="left")
-        for col in ("shape", "dtype", "× copies", "MiB total", "primitive", "name", "source"):
-            table.add_column(col, justify="right" if col in ("× copies", "MiB total") else "left")
-        for r in sorted(m.residuals, key=lambda r: -r.total_bytes)[:12]:
-            table.add_row(
-                str(tuple(r.shape)),
-                r.dtype,
-                str(r.multiplicity),
-                f"{r.total_bytes / MIB:.3f}",
-                r.primitive,
-                r.name or "",
-                r.source or "",
-            )
-        console.print(table)
+        console.print(residual_table(m))
+
+
+def residual_table(m, rows: int = 12):
+    """The ``rows`` largest residuals as a `rich` table; at any console width the numbers
+    print whole (the text columns wrap instead)."""
+    from rich.table import Table
+
+    cells = [
+        [
+            str(tuple(r.shape)),
+            r.dtype,
+            str(r.multiplicity),
+            f"{r.total_bytes / MIB:.3f}",
+            r.primitive,
+            r.name or "",
+            r.source or "",
+        ]
+        for r in sorted(m.residuals, key=lambda r: -r.total_bytes)[:rows]
+    ]
+    table = Table(title="largest residuals", title_justify="left")
+    for i, col in enumerate(
+        ("shape", "dtype", "× copies", "MiB total", "primitive", "name", "source")
+    ):
+        number = col in ("× copies", "MiB total")
+        widest = max(len(c[i]) for c in cells) if number else None
+        table.add_column(
+            col, justify="right" if number else "left", min_width=widest, overflow="fold"
+        )
+    for c in cells:
+        table.add_row(*c)
+    return table

@@ -25,7 +25,17 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
     parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("remat-plan"), help="directory for plan.json"
+    )
+    parser.add_argument(
+        "--no-roll",
+        action="store_true",
+        help="plan only the program's own scans; by default a program without scans has its repeated layers rolled into scans (unless it fits as written)",
     )
     parser.set_defaults(func=run)
 
@@ -43,18 +53,30 @@ def budget_arg(text: str) -> int | float | str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._core._io import check_folder
     from ._cli_compare import parse_argnums
     from ._errors import EXIT_INFEASIBLE, EXIT_USAGE, CliError
     from ._target import load_target
 
     argnums = parse_argnums(args.argnums)
     budget = budget_arg(args.budget)
+    from .._core._budget import read_budget
+
+    read_budget(budget, sensible=True)  # a malformed budget fails now, not after compiling
+    check_folder(args.out, ("plan.json",), "--out")
     fn, fn_args = load_target(args.target)
     from .._plan._plan import plan  # after the cheap checks: a bad target fails fast
     from .._plan._result import InfeasibleBudget
 
     try:
-        p = plan(fn, *fn_args, budget=budget, argnums=argnums)
+        p = plan(
+            fn,
+            *fn_args,
+            budget=budget,
+            argnums=argnums,
+            has_aux=args.has_aux,
+            roll=not args.no_roll,
+        )
     except InfeasibleBudget as err:
         raise CliError(str(err).replace("`", ""), EXIT_INFEASIBLE) from err
     except ValueError as err:

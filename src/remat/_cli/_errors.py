@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of standard output went away (`| head -1`)
 
 
 class CliError(Exception):

@@ -40,6 +40,24 @@ _NOT_POSITIVE = (
     "`remat.plan` got budget={got!r}, which is {why}; a budget must be a positive amount of "
     "memory, e.g. budget='50%' or budget='2GiB'."
 )
+_TOO_LARGE = (
+    "`remat.plan` got budget={got!r}, which is too large to be a number of bytes. Pass bytes "
+    "as an int (e.g. 6_000_000_000), a size with a unit ('6GiB'), or a fraction ('50%')."
+)
+_TINY_FRACTION = (
+    "`remat.plan` got budget={got!r}, a fraction of {fraction:.3g} of the un-checkpointed peak; "
+    "no checkpointing comes near that (the parameters and gradients alone stay). A budget is "
+    "a fraction in [{least}, 1] (e.g. 0.5 or '50%') or a size with a unit (e.g. '2GiB')."
+)
+_TINY_BYTES = (
+    "`remat.plan` got budget={got!r}, which is {bytes} bytes; no gradient step fits in less "
+    "than {least} bytes. Did you mean a size with a unit ('{n}GiB', '{n}MiB') or a percentage "
+    "('{n}%')? Bytes are an int, e.g. budget=6_000_000_000."
+)
+# Below these a budget is a mistaken unit (1e-9 for 1 GB, 5 for '5GiB', 50 for '50%').
+_LEAST_FRACTION = 1e-3
+_LEAST_BYTES = 2**10
+
 _OVER_DEVICE = (
     "`remat.plan` got budget={got!r} = {bytes} bytes, more than the device's memory "
     "({device} bytes); no plan can use more memory than the device has. Pass a budget of at "
@@ -120,8 +138,13 @@ class Budget:
         return value
 
 
-def read_budget(budget: int | float | str) -> Budget:
+def read_budget(budget: int | float | str, sensible: bool = False) -> Budget:
     """Reads a memory budget's form (see `parse_budget`), without turning a fraction into bytes.
+
+    A string without a unit reads as the number it spells: ``"0.5"`` is half the peak, like
+    ``0.5``; ``"4096"`` is bytes. With ``sensible`` (what `remat.plan` reads from a user), a
+    budget that can only be a mistaken unit is refused too: under 1 KiB (``5`` for ``"5GiB"``,
+    ``50`` for ``"50%"``) or a fraction under 0.001 (``1e-9``).
 
     Raises:
       ValueError: for a budget that is not a number or a size, or is zero or negative.
@@ -135,6 +158,12 @@ def read_budget(budget: int | float | str) -> Budget:
     """
     if isinstance(budget, bool) or not isinstance(budget, int | float | str):
         raise ValueError(_BAD_BUDGET.format(got=budget))
+    if isinstance(budget, str) and _SIZE.match(budget) and not _SIZE.match(budget).group(2):
+        number = float(budget)  # a unitless string reads as the number it spells
+        if not math.isfinite(number):
+            raise ValueError(_TOO_LARGE.format(got=budget))
+        if 0 < number <= 1 and not number.is_integer():
+            return _fraction(budget, number, sensible)
     if isinstance(budget, int):
         value = budget
     elif isinstance(budget, float):
@@ -146,7 +175,7 @@ def read_budget(budget: int | float | str) -> Budget:
                 "un-checkpointed peak and must be in (0, 1]. For bytes pass an int, e.g. "
                 f"budget={int(budget)}."
             )
-        return _fraction(budget, budget)
+        return _fraction(budget, budget, sensible)
     else:
         percent = _PERCENT.match(budget)
         size = _SIZE.match(budget)
@@ -158,18 +187,27 @@ def read_budget(budget: int | float | str) -> Budget:
                     "un-checkpointed peak; checkpointing only lowers memory. Pass at most "
                     "'100%' (or no budget to keep the program as it is)."
                 )
-            return _fraction(budget, fraction)
+            return _fraction(budget, fraction, sensible)
         if not (size and size.group(2).lower() in _UNITS):
             raise ValueError(_BAD_BUDGET.format(got=budget))
         value = float(size.group(1)) * _UNITS[size.group(2).lower()]
+        if not math.isfinite(value):
+            raise ValueError(_TOO_LARGE.format(got=budget))
     if value <= 0:
         raise ValueError(_NOT_POSITIVE.format(got=budget, why="zero or negative"))
+    if sensible and value < _LEAST_BYTES:
+        n = f"{value:g}"
+        raise ValueError(_TINY_BYTES.format(got=budget, bytes=int(value), least=_LEAST_BYTES, n=n))
     return Budget(spec=budget, bytes=int(value))
 
 
-def _fraction(budget: float | str, fraction: float) -> Budget:
+def _fraction(budget: float | str, fraction: float, sensible: bool) -> Budget:
     if fraction <= 0:
         raise ValueError(_NOT_POSITIVE.format(got=budget, why="not above zero"))
+    if sensible and fraction < _LEAST_FRACTION:
+        raise ValueError(
+            _TINY_FRACTION.format(got=budget, fraction=fraction, least=_LEAST_FRACTION)
+        )
     return Budget(spec=budget, fraction=fraction)
 
 

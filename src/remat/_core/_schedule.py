@@ -23,6 +23,11 @@ _BAD_SCHEDULE = (
     "`{where}` got schedule={got!r}; expected one of {names}, `remat.Nested(levels=...)` or "
     "`remat.Binomial(snapshots=...)`."
 )
+_BAD_LENGTHS = (
+    "`remat.Nested` got lengths={got!r} for levels={levels}; expected a tuple of one "
+    "positive int per level (block lengths, outermost first), e.g. "
+    "`remat.Nested(levels=2, lengths=(4, 8))`, or lengths=None to choose them automatically."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +55,15 @@ class Nested:
                 "`remat.Nested(levels=2)`."
             )
         if self.lengths is not None:
-            lengths = tuple(self.lengths)
-            if len(lengths) != self.levels or any(
-                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in lengths
+            lengths = self.lengths
+            if isinstance(lengths, list | tuple):
+                lengths = tuple(lengths)
+            if (
+                not isinstance(lengths, tuple)
+                or len(lengths) != self.levels
+                or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in lengths)
             ):
-                raise ValueError(
-                    f"`remat.Nested` got lengths={self.lengths!r} for levels={self.levels}; "
-                    "expected one positive int per level, or lengths=None to choose "
-                    "them automatically."
-                )
+                raise ValueError(_BAD_LENGTHS.format(got=self.lengths, levels=self.levels))
             object.__setattr__(self, "lengths", lengths)
 
 

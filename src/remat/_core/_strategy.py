@@ -36,6 +36,11 @@ _EMPTY_NAMES = (
     "`{where}` got strategy {got!r} with no names; write them after the colon, "
     "e.g. 'names:attn_out,mlp_hidden'."
 )
+_BAD_SCANS = (
+    "`remat.Strategy` got scans={got!r}; expected None (all scans) or a tuple of scan "
+    "positions (ints >= 0, in the order the scans appear) and scan names (str), e.g. "
+    "scans=(0, 'decoder')."
+)
 
 
 def _split_names(spec: str, where: str) -> tuple[str, ...]:
@@ -89,12 +94,18 @@ class Strategy:
         check_policy(self.policy, "remat.Strategy")
         check_schedule(self.schedule, "remat.Strategy")
         if self.scans is not None:
-            scans = (self.scans,) if isinstance(self.scans, int | str) else tuple(self.scans)
-            if any(isinstance(s, bool) or not isinstance(s, int | str) for s in scans):
-                raise ValueError(
-                    f"`remat.Strategy` got scans={self.scans!r}; expected None (all scans) "
-                    "or a tuple of scan positions (int) and scan names (str)."
-                )
+            scans = self.scans
+            if isinstance(scans, int | str):
+                scans = (scans,)
+            elif isinstance(scans, tuple | list | set | frozenset | range):
+                scans = tuple(scans)
+            if not isinstance(scans, tuple) or any(
+                isinstance(s, bool)
+                or not isinstance(s, int | str)
+                or (isinstance(s, int) and s < 0)
+                for s in scans
+            ):
+                raise ValueError(_BAD_SCANS.format(got=self.scans))
             object.__setattr__(self, "scans", scans)
 
     @property

@@ -39,6 +39,10 @@ _BAD_ARG = (
     "(jax.Array, numpy array, Python number or jax.ShapeDtypeStruct). Close over other "
     "values with functools.partial(fn, ...) before calling `remat.lint`."
 )
+_NOT_BOOL_MEASURE = (
+    "`remat.lint` got measure={got!r}; pass True (also compile the gradient, for RM005 and "
+    "RM009) or False (read the traced program only)."
+)
 _ARRAY_LEAVES = (jax.Array, jax.ShapeDtypeStruct, int, float, complex, bool)
 
 
@@ -58,6 +62,7 @@ def lint(
     *args: Any,
     strategy: Any = None,
     measure: bool = True,
+    roll: bool = True,
 ) -> list[Finding]:
     """Traces ``fn(*args)`` and reports checkpointing mistakes in it.
 
@@ -75,6 +80,8 @@ def lint(
       measure: also compile the gradient (with `remat.measure`) to check for checkpoints
         the compiler removed (RM005), when a checkpoint lies outside every loop; needs a
         scalar ``fn`` and concrete ``args``. Other findings need no compilation.
+      roll: with a strategy, roll the repeated layers of a program without scans into scans
+        first, as `remat.apply` does; False checks the strategy on the program as written.
 
     Returns:
       The findings (per check, in program order), without duplicates; an empty list when
@@ -95,11 +102,13 @@ def lint(
       ['RM001']
     """
     _check_args(fn, args)
+    if not isinstance(measure, bool):
+        raise ValueError(_NOT_BOOL_MEASURE.format(got=measure))
     if strategy is not None:
         from .._core._strategy import as_strategy
         from .._trace._rewrite import apply
 
-        fn = apply(fn, as_strategy(strategy, "remat.lint"))
+        fn = apply(fn, as_strategy(strategy, "remat.lint"), roll=roll)
     closed = jax.make_jaxpr(fn)(*args)
     flat_args = jax.tree_util.tree_leaves(args)
     all_sites = walk.sites(closed.jaxpr)

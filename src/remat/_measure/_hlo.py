@@ -9,6 +9,15 @@ the trip counts of all the ``while`` loops around it. Computations called from s
 
 Elementwise work (additions, nonlinearities, reductions, ...) is not counted: for the programs
 checkpointing is about, matmuls dominate, and they are what recomputation repeats.
+
+Loops whose trip count depends on data, and branches taken a known number of times, can say
+so with a named scope (`jax.named_scope`) that XLA keeps in the instruction's ``op_name``:
+``remat_trips_{A}_per_{M}`` directly around a ``while`` means that over the ``M`` times it
+is entered it runs ``A`` iterations in all (``A / M`` per entry), and
+``remat_branches_{w0}_{w1}_..._of_{M}`` directly around a ``cond``/``switch`` means branch
+``k`` (in `lax.switch` order; `lax.cond` is ``[false, true]``) is taken ``wk`` times out of
+``M``. `remat.Binomial`'s backward sweep tags its loops so (`remat._core._flop_tags`):
+its FLOPs are exact, not a lower bound.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from functools import cache
 
 import numpy as np
 
+from .._core._flop_tags import BRANCHES_TAG, TRIPS_TAG
 from .._core._warnings import RematWarning
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*\(.*\{\s*$")
@@ -246,13 +256,19 @@ class _Counter:
                     _called(instr.attrs, "true_computation")
                     + _called(instr.attrs, "false_computation")
                 )
-                total += max((self.flops(c) for c in branches), default=0.0)
+                weights = _branch_weights(instr.attrs, len(branches))
+                if weights is None:  # unknown: the most expensive branch
+                    total += max((self.flops(c) for c in branches), default=0.0)
+                else:
+                    total += sum(w * self.flops(c) for w, c in zip(weights, branches, strict=True))
             elif op in ("fusion", "call") or op.endswith("-start"):
                 for key in ("calls", "to_apply"):
                     total += sum(self.flops(c) for c in _called(instr.attrs, key))
         return total
 
-    def _trip_count(self, instr: _Instr) -> int:
+    def _trip_count(self, instr: _Instr) -> float:
+        if (m := TRIPS_TAG.search(instr.attrs)) is not None:
+            return int(m[1]) / max(1, int(m[2]))
         m = _TRIP.search(instr.attrs)
         if m is not None:
             return int(m[1])
@@ -289,6 +305,17 @@ class _Counter:
         if direction in ("LT", "LE"):
             return constant, direction
         return None, None
+
+
+def _branch_weights(attrs: str, n: int) -> list[float] | None:
+    """How often each of ``n`` branches runs per entry, from a `branch_scope` tag."""
+    m = BRANCHES_TAG.search(attrs)
+    if m is None:
+        return None
+    counts = [int(c) for c in m[1].split("_") if c]
+    if len(counts) != n:
+        return None
+    return [c / max(1, int(m[2])) for c in counts]
 
 
 def hlo_flops(hlo_text: str) -> float:
@@ -331,7 +358,9 @@ def hlo_flops(hlo_text: str) -> float:
     total = counter.flops(counter.entry)
     for name in counter.unknown_loops:
         warnings.warn(_UNKNOWN_TRIP.format(name=name), RematWarning, stacklevel=2)
-    return total
+    # Every count is a whole number; tagged loops and branches (average trips per entry)
+    # leave rounding errors of a few ulps, which this removes.
+    return float(round(total))
 
 
 def while_trip_counts(hlo_text: str) -> dict[str, int]:

@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._core._dtypes import dtype_of, is_float
 from .._core._strategy import as_strategy
 from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
@@ -32,6 +33,7 @@ from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, peak_bytes
 from ._residuals import saved_residuals
+from ._step import Step, argnums_of, as_step, grad_step, loss_of, lower_step, time_step
 
 _NOT_CALLABLE = "`remat.measure` got fn={got!r}, which is not callable; pass the loss function."
 _NOT_ARRAY = (
@@ -40,13 +42,18 @@ _NOT_ARRAY = (
     "with `functools.partial` or a lambda."
 )
 _NOT_FLOAT = (
-    "`remat.measure` differentiates argument(s) argnums={argnums}, but the leaf at {path} has "
-    "dtype {dtype}; gradients need floating-point inputs. Pass only float arguments in "
-    "`argnums`, or close over the integer ones."
+    "`remat.measure` differentiates argument(s) argnums={argnums}, but they have no "
+    "floating-point leaf (the leaf at {path} has dtype {dtype}); gradients need "
+    "floating-point inputs. Pass the parameters in `argnums`; integer leaves and PRNG keys "
+    "are treated as constants."
 )
 _NOT_SCALAR = (
     "`remat.measure` needs a scalar-valued (loss) function, but fn returned {got}. Reduce the "
     "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
+)
+_NOT_PAIR = (
+    "`remat.measure` got has_aux=True, so fn must return a pair (loss, aux), as for "
+    "`jax.value_and_grad(..., has_aux=True)`; it returned {got}."
 )
 _ABSTRACT_TIMED = (
     "`remat.measure` got a `jax.ShapeDtypeStruct` at {path} with repeats={repeats}; abstract "
@@ -55,6 +62,10 @@ _ABSTRACT_TIMED = (
 _BAD_ARGNUMS = (
     "`remat.measure` got argnums={argnums!r} for {n} positional argument(s); pass an int or a "
     "tuple of ints in range(0, {n}), as for `jax.grad`."
+)
+_REPEATED_ARGNUMS = (
+    "`remat.measure` got argnums={argnums!r}, which names argument {dup} more than once; each "
+    "argument is differentiated once. Pass each position once, e.g. argnums={fix!r}."
 )
 _BAD_REPEATS = "`remat.measure` got repeats={got!r}; pass an int >= 0 (0 skips timing)."
 _ELIMINATED = (
@@ -164,11 +175,11 @@ def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: in
 
 
 def _dtype(leaf: Any) -> Any:
-    dtype = getattr(leaf, "dtype", None)
-    return np.dtype(dtype) if dtype is not None else jax.numpy.result_type(leaf)
+    return dtype_of(leaf)
 
 
 def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
+    argnums = argnums_of(argnums)
     n = len(args)
     argnums_t = (argnums,) if isinstance(argnums, int) else argnums
     if (
@@ -177,6 +188,11 @@ def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, .
         or any(isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < n for a in argnums_t)
     ):
         raise ValueError(_BAD_ARGNUMS.format(argnums=argnums, n=n))
+    repeated = [a for i, a in enumerate(argnums_t) if a in argnums_t[:i]]
+    if repeated:
+        fix = tuple(dict.fromkeys(argnums_t))
+        fix = fix[0] if len(fix) == 1 else fix
+        raise ValueError(_REPEATED_ARGNUMS.format(argnums=argnums, dup=repeated[0], fix=fix))
     for path, leaf in jax.tree_util.tree_leaves_with_path(args):
         where = "args" + jax.tree_util.keystr(path)
         if isinstance(leaf, jax.ShapeDtypeStruct):
@@ -184,17 +200,26 @@ def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, .
                 raise TypeError(_ABSTRACT_TIMED.format(path=where, repeats=repeats))
         elif not isinstance(leaf, _SCALARS):
             raise TypeError(_NOT_ARRAY.format(kind=type(leaf).__name__, path=where))
-    for i in argnums_t:
-        for path, leaf in jax.tree_util.tree_leaves_with_path(args[i]):
-            dtype = _dtype(leaf)
-            if not np.issubdtype(dtype, np.inexact):
-                where = f"args[{i}]" + jax.tree_util.keystr(path)
-                raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
+    # Only floating-point leaves are differentiated (see `_step.grad_step`); integer leaves
+    # and PRNG keys are constants. Differentiating nothing at all is a mistake.
+    diff = [
+        (f"args[{i}]" + jax.tree_util.keystr(path), _dtype(leaf))
+        for i in argnums_t
+        for path, leaf in jax.tree_util.tree_leaves_with_path(args[i])
+    ]
+    if diff and not any(is_float(dtype) for _, dtype in diff):
+        where, dtype = diff[0]
+        raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
     return tuple(argnums_t)
 
 
-def _check_scalar(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+def _check_scalar(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False) -> None:
     out = jax.eval_shape(fn, *args)
+    if has_aux:
+        if not isinstance(out, tuple | list) or len(out) != 2:
+            got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
+            raise ValueError(_NOT_PAIR.format(got=got))
+        out = out[0]
     leaves = jax.tree_util.tree_leaves(out)
     if (
         len(leaves) != 1
@@ -215,6 +240,9 @@ def measure(
     argnums: int | Sequence[int] = 0,
     strategy: Any = None,
     repeats: int = 5,
+    has_aux: bool = False,
+    optimizer: Any = None,
+    roll: bool = True,
 ) -> Measurement:
     """Compiles ``jax.value_and_grad(fn, argnums)`` with `jax.jit` and measures it.
 
@@ -242,6 +270,16 @@ def measure(
       strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
         strategy `remat.apply` takes). None measures ``fn`` as written.
       repeats: timed runs after one warm-up run; 0 skips timing (``seconds=None``).
+      has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; the aux is an
+        output of the measured step.
+      optimizer: an optax ``GradientTransformation``: measure the whole training step
+        (value and gradient, ``optimizer.update``, ``optax.apply_updates``) with the
+        parameters ``args[argnums]`` and the optimizer state donated, as a training loop
+        runs it (see `remat._measure._step`); ``argnums`` must then be one int. The
+        optimizer state is made with ``optimizer.init`` (abstractly unless timed).
+      roll: with a strategy, roll the repeated layers of a program without scans into scans
+        first, as `remat.apply` does (False: apply it to the program as written). The
+        plain twin that the measurement is compared with is ``fn`` as written.
 
     Returns:
       A `remat.Measurement`.
@@ -274,6 +312,7 @@ def measure(
         raise ValueError(_BAD_REPEATS.format(got=repeats))
     argnums_t = _check_args(args, argnums, repeats)
     argnums = argnums if isinstance(argnums, int) else argnums_t
+    spec = as_step(Step(argnums, bool(has_aux), optimizer))
 
     if strategy is None:
         target, plain, label = fn, None, "none"
@@ -281,12 +320,12 @@ def measure(
         from .._trace._rewrite import apply
 
         strategy_obj = as_strategy(strategy, "remat.measure")
-        target, plain, label = apply(fn, strategy_obj), fn, strategy_obj.name
-    _check_scalar(target, args)
+        target, plain, label = apply(fn, strategy_obj, roll=roll), fn, strategy_obj.name
+    _check_scalar(target, args, spec.has_aux)
 
-    step = jax.value_and_grad(target, argnums)
+    step = grad_step(target, spec)
     start = time.perf_counter()
-    compiled = jax.jit(step).lower(*args).compile()
+    compiled = lower_step(target, args, spec).compile()
     compile_seconds = time.perf_counter() - start
     memory = measure_compiled(compiled)
     flops = hlo_flops(compiled.as_text())
@@ -297,20 +336,20 @@ def measure(
     if forward_flops is None:
         forward_flops = hlo_flops(jax.jit(fn).lower(*args).compile().as_text())
         _remember(forward_key, forward_flops)
-    residuals = saved_residuals(target, *args, argnums=argnums)
+    residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
 
     requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
     eliminated, plain_flops, plain_peak = False, None, None
     if not requested:
-        _remember(_memo_key(target, argnums, args), (flops, memory["peak_bytes"]))
+        _remember(_memo_key(target, spec, args), (flops, memory["peak_bytes"]))
     else:
-        key = _memo_key(plain if plain is not None else target, argnums, args)
+        key = _memo_key(plain if plain is not None else target, spec, args)
         if plain is None:
             plain, key = strip_checkpoints(target), key and (*key, "stripped")
-        plain_step = jax.value_and_grad(plain, argnums)
+        plain_step = grad_step(plain, spec)
         remembered = _FLOPS_MEMO.get(key) if key is not None else None
         if remembered is None:
-            compiled_plain = jax.jit(plain_step).lower(*args).compile()
+            compiled_plain = lower_step(plain, args, spec).compile()
             remembered = (hlo_flops(compiled_plain.as_text()), peak_bytes(compiled_plain))
             _remember(key, remembered)
         plain_peak = remembered[1]
@@ -347,7 +386,7 @@ def measure(
             stacklevel=2,
         )
 
-    seconds = time_compiled(compiled, args, repeats) if repeats > 0 else None
+    seconds = time_step(compiled, args, spec, repeats) if repeats > 0 else None
     return Measurement(
         **memory,
         residuals=residuals,

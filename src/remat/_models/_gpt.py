@@ -1,4 +1,4 @@
-"""A small GPT-style decoder for the demo, tests and benchmarks.
+"""A small GPT-style decoder for the demo, tests and benchmarks, and its unrolled twin.
 
 Written with Flax linen: token and position embeddings, ``layers`` pre-LayerNorm blocks of
 causal multi-head self-attention and a GELU MLP, stacked with `flax.linen.scan` (one
@@ -15,6 +15,9 @@ Inside each block the interesting intermediate values carry a `checkpoint_name` 
 - ``"attn_out"``: the attention output after its projection, ``(batch, seq, d_model)``;
 - ``"mlp_hidden"``: the MLP's up-projection before the GELU, ``(batch, seq, 4 * d_model)``;
 - ``"block_out"``: the block's output (the residual stream), ``(batch, seq, d_model)``.
+
+`make_gpt_unrolled` builds the same model with its blocks called in a Python loop
+(``block_0``, ``block_1``, ... as most models are written), with the same weights, unstacked.
 """
 
 from __future__ import annotations
@@ -102,6 +105,78 @@ class GPT(nn.Module):
         return embed.attend(x)
 
 
+class UnrolledGPT(nn.Module):
+    """`GPT` with its `Block`s called one after the other in a Python loop."""
+
+    layers: int
+    d_model: int
+    heads: int
+    vocab: int
+    seq: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        embed = nn.Embed(
+            self.vocab, self.d_model, dtype=self.dtype, param_dtype=self.dtype, name="embed"
+        )
+        pos = self.param(
+            "pos_embed", nn.initializers.normal(0.02), (self.seq, self.d_model), self.dtype
+        )
+        x = embed(tokens) + pos[: tokens.shape[1]]
+        for i in range(self.layers):
+            x, _ = Block(self.d_model, self.heads, self.dtype, name=f"block_{i}")(x, None)
+        x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.dtype, name="ln_final")(x)
+        return embed.attend(x)
+
+
+def _cross_entropy(model: nn.Module) -> Callable[..., jax.Array]:
+    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
+        logits = model.apply({"params": params}, tokens[:, :-1]).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        target = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)
+        return -jnp.mean(target)
+
+    return loss_fn
+
+
+def make_gpt_unrolled(
+    layers: int = 4,
+    d_model: int = 128,
+    seq: int = 128,
+    batch: int = 8,
+    heads: int = 4,
+    vocab: int = 256,
+    seed: int = 0,
+    dtype: Any = jnp.float32,
+) -> tuple[Callable[..., jax.Array], tuple[Any, jax.Array]]:
+    """The demo GPT of `make_gpt` with its blocks in a Python loop: the same model and weights.
+
+    Takes `make_gpt`'s arguments. The parameters are `make_gpt`'s with the stacked
+    ``blocks`` split into ``block_0``, ``block_1``, ...; the loss is the same function of
+    them, so values and gradients equal `make_gpt`'s (the gradient split the same way).
+
+    Example:
+      >>> import jax
+      >>> from remat._models._gpt import make_gpt, make_gpt_unrolled
+      >>> sizes = dict(layers=2, d_model=16, seq=8, batch=2, heads=2)
+      >>> loss_fn, (params, tokens) = make_gpt_unrolled(**sizes)
+      >>> sorted(params)
+      ['block_0', 'block_1', 'embed', 'ln_final', 'pos_embed']
+      >>> scanned, (stacked, _) = make_gpt(**sizes)
+      >>> bool(abs(jax.jit(loss_fn)(params, tokens) - jax.jit(scanned)(stacked, tokens)) < 1e-5)
+      True
+    """
+    _, (stacked, tokens) = make_gpt(layers, d_model, seq, batch, heads, vocab, seed, dtype)
+    params = {k: v for k, v in stacked.items() if k != "blocks"}
+    for i in range(layers):
+        params[f"block_{i}"] = jax.tree.map(lambda a, i=i: a[i], stacked["blocks"])
+    model = UnrolledGPT(
+        layers=layers, d_model=d_model, heads=heads, vocab=vocab, seq=seq, dtype=dtype
+    )
+    return _cross_entropy(model), (params, tokens)
+
+
 def make_gpt(
     layers: int = 4,
     d_model: int = 128,
@@ -150,11 +225,4 @@ def make_gpt(
     param_key, token_key = jax.random.split(jax.random.key(seed))
     tokens = jax.random.randint(token_key, (batch, seq + 1), 0, vocab, dtype=jnp.int32)
     params = jax.jit(model.init)(param_key, tokens[:, :-1])["params"]
-
-    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
-        logits = model.apply({"params": params}, tokens[:, :-1]).astype(jnp.float32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        target = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)
-        return -jnp.mean(target)
-
-    return loss_fn, (params, tokens)
+    return _cross_entropy(model), (params, tokens)

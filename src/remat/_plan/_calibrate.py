@@ -21,6 +21,7 @@ import jax
 
 from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
+from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
 from .._trace._tag import planned_scans, rewrite
 from ._compile import compile_measure, light_peak
@@ -98,20 +99,23 @@ def prepare(
     schedules: bool,
     host_bandwidth: float | None = None,
     progress: Any = None,
+    baseline: Measurement | None = None,
 ):
     """Everything `plan` needs before it sees a budget (see `Prepared`).
 
-    One compile of the whole step (the un-checkpointed baseline); the memory model is
-    calibrated on scan-alone programs (`scan_fit`). A program whose arguments are spread over
+    One compile of the whole step (the un-checkpointed baseline, unless ``baseline`` is
+    given: when the budget is relative to another program's peak, see `_unrolled`); the
+    memory model is calibrated on scan-alone programs (`scan_fit`). A program whose arguments are spread over
     several devices is calibrated on compiled steps instead (`step_fit`): a scan on its own
     does not see the shardings XLA propagates into it.
     """
-    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
+        argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
         raise TypeError(_ABSTRACT)
     try:  # the same checks as `remat.measure`, named for `remat.plan`
         _check_args(args, argnums, 0)
-        _check_scalar(fn, args)
+        _check_scalar(fn, args, getattr(argnums, "has_aux", False))
     except (TypeError, ValueError) as err:
         raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
     say = progress or (lambda _: None)
@@ -129,8 +133,9 @@ def prepare(
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
     model_seconds = time.perf_counter() - clock
-    say("compiling the un-checkpointed step")
-    baseline = compile_measure(fn, args, argnums, "none", None)
+    if baseline is None:
+        say("compiling the un-checkpointed step")
+        baseline = compile_measure(fn, args, argnums, "none", None)
     say("calibrating on each scan alone")
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
     if devices > 1:

@@ -2,8 +2,9 @@
 
 Two kinds of program are compiled, and each compile is tallied by kind (see `tally`):
 
-- ``"step"``: the whole gradient step, ``jax.value_and_grad(fn)``: the un-checkpointed
-  baseline and each plan the rounds verify. These are as expensive as the user's own compile.
+- ``"step"``: the whole step (``jax.value_and_grad(fn)``, or the training step with an
+  optimizer: `remat._measure._step.lower_step`): the un-checkpointed baseline and each plan
+  the rounds verify. These are as expensive as the user's own compile.
 - ``"scan"``: one scan on its own, a few steps long (`remat._plan._body`): the cheap points
   the memory model is calibrated on and each candidate is checked on before it is verified.
 
@@ -15,14 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from .._core._warnings import RematWarning
 from .._measure._measurement import Measurement
+from .._measure._step import argnums_of, as_step, loss_of, lower_step
 
 # LLVM's optimisation level changes only the machine code, not XLA's HLO passes, buffer
 # assignment or memory analysis: the same peak and the same HLO (so the same FLOPs), measured
@@ -72,8 +72,9 @@ def compile_lowered(lowered: Any, kind: str) -> Any:
 
 
 def compile_step(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> tuple[Any, float]:
-    """The compiled gradient step of ``fn`` and the seconds the compile took."""
-    lowered = jax.jit(jax.value_and_grad(fn, argnums)).lower(*args)
+    """The compiled step of ``fn`` (``argnums`` may be a `remat._measure._step.Step`: aux
+    outputs, an optimizer's step) and the seconds the compile took."""
+    lowered = lower_step(fn, args, argnums)
     start = time.perf_counter()
     compiled = compile_lowered(lowered, STEP)
     return compiled, time.perf_counter() - start
@@ -93,6 +94,8 @@ def compile_measure(
 ) -> Measurement:
     """`remat.measure`'s numbers for ``fn`` from a single compile of its gradient step.
 
+    ``argnums`` may be a `remat._measure._step.Step` (aux outputs, an optimizer's step).
+
     Memory and FLOPs are read as `remat.measure` reads them; ``forward_flops`` is the traced
     matmul count (checkpointing does not change the forward pass), and the recomputation is
     judged eliminated when the plan's matmul FLOPs are not above the un-checkpointed step's.
@@ -104,12 +107,8 @@ def compile_measure(
     from .._trace._checkpoints import traced_dot_flops
 
     compiled, seconds = compile_step(fn, args, argnums)
-    with warnings.catch_warnings():
-        # A Binomial schedule's backward loop has a data-dependent trip count that the HLO
-        # reader cannot see: its FLOPs are then a lower bound (see the module docstring).
-        warnings.simplefilter("ignore", RematWarning)
-        flops = hlo_flops(compiled.as_text())
-    residuals = saved_residuals(fn, *args, argnums=argnums)
+    flops = hlo_flops(compiled.as_text())
+    residuals = saved_residuals(loss_of(fn, as_step(argnums)), *args, argnums=argnums_of(argnums))
     forward = traced_dot_flops(jax.make_jaxpr(fn)(*args).jaxpr)
     requested = baseline is not None
     return Measurement(

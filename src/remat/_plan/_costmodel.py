@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax._src.ad_checkpoint import saved_residuals
 from jax.extend import core as jcore
 
+from .._core._dtypes import itemsize
 from .._shard._shard_counts import shard_counts
 from .._trace._rewrite import ScanInfo, _source
 from .._trace._tag import _spec, eval_tagged, flatten, is_tagged, value_name
@@ -47,7 +47,7 @@ _ARGUMENT = re.compile(r"from the argument .*?\[(\d+)\]")
 
 def aval_bytes(aval: Any) -> int:
     """Bytes of one value of type ``aval``."""
-    return int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+    return int(math.prod(aval.shape)) * itemsize(aval.dtype)
 
 
 def eqn_flops(eqn: Any, elementwise: float = 1.0) -> float:

@@ -38,8 +38,15 @@ def plan_table(plan: Any) -> Group:
             ),
             title_justify="left",
         )
+        sizes = [f"{format_bytes(v.bytes)} × {v.multiplicity}" for v in scan.saved]
         for col in ("saved value", "primitive", "shape", "bytes × copies", "source"):
-            table.add_column(col, justify="right" if col == "bytes × copies" else "left")
+            number = col == "bytes × copies"
+            table.add_column(
+                col,
+                justify="right" if number else "left",
+                min_width=max(map(len, sizes), default=None) if number else None,
+                overflow="fold",  # at any width: text wraps, numbers print whole
+            )
         for v in scan.saved:
             table.add_row(
                 v.name,

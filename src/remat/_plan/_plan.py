@@ -18,14 +18,15 @@ Trace → cost model → solve → rewrite → compile and measure:
    bounded number of times. This is done with each calibrated fit of the memory model (a
    third compiled point gives a second fit), keeping the cheapest measured plan. If nothing fits, `InfeasibleBudget` says how close it came.
 
-Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts; the
-backward loop of a `remat.Binomial` schedule has no static trip count, so for plans that use
-it the measured FLOPs are a lower bound (the model's ``recompute_flops`` are not).
+Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts, exact for
+every schedule (a `remat.Binomial` backward sweep names its data-dependent trip counts for
+the reader, see `remat._core._flop_tags`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,12 +35,21 @@ from typing import Any
 from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
+from .._measure._step import Step, as_step
+from ._args import (
+    check_bool,
+    check_device_memory,
+    check_host_bandwidth,
+    check_max_rounds,
+    read_budgets,
+)
 from ._calibrate import prepare
 from ._compile import tally
 from ._memo import Knowledge, key_of, recall, remember
 from ._progress import Progress
 from ._result import InfeasibleBudget, Plan, fingerprint
 from ._rounds import plan_prepared
+from ._unrolled import has_scans, plan_unrolled
 
 _NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
 
@@ -54,6 +64,9 @@ def plan(
     device_memory: int | None = None,
     offload: bool = False,
     host_bandwidth: float = HOST_BANDWIDTH,
+    has_aux: bool = False,
+    optimizer: Any = None,
+    roll: bool = True,
     verbose: bool = True,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
@@ -84,6 +97,17 @@ def plan(
         host memory space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and
         the plan is made without offloading.
       host_bandwidth: device-to-host bytes per second, each way (default 25e9, PCIe 4.0).
+      has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; ``plan.fn``
+        returns the same pair.
+      optimizer: an optax ``GradientTransformation``: the budget is the peak of the whole
+        training step (value and gradient, ``optimizer.update``, ``optax.apply_updates``,
+        parameters and optimizer state donated), and ``plan.step(params, opt_state, *rest)``
+        runs that step, returning ``(params, opt_state, loss)``. ``argnums`` must be one int.
+      roll: for a program without any scan (layers in a Python loop), plan it with its
+        repeated layers rolled into scans, unless it fits the budget as written (see
+        `remat._plan._unrolled`); the budget's fraction and the FLOPs are relative to the
+        program as written, and ``Plan.rolled`` says which was chosen. False plans only
+        the program's own scans.
       verbose: show what the plan is doing on stderr (tracing, calibrating, solving,
         verifying round k, with the elapsed time) once it has taken more than 2 s; only
         where stderr is a terminal.
@@ -102,7 +126,8 @@ def plan(
     Raises:
       InfeasibleBudget: when no plan's measured peak fits ``budget``; the message gives the
         smallest peak reached.
-      ValueError: for an unparseable budget, or a function without a scan.
+      ValueError: for an unparseable budget, or a function without a scan (and, with
+        ``roll=True``, without repeated layers to roll; the message says why).
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -121,20 +146,32 @@ def plan(
     """
     if not callable(fn):
         raise TypeError(f"`remat.plan` got fn={fn!r}, which is not callable; pass the loss.")
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-        raise ValueError(f"`remat.plan` got max_rounds={max_rounds!r}; pass an int >= 1.")
-    budget = read_budget(budget)  # a malformed budget fails before compiling
+    # Every argument is checked before anything is traced or compiled.
+    check_max_rounds(max_rounds)
+    budget = read_budget(budget, sensible=True)
+    check_bool(schedules, "schedules")
+    check_bool(offload, "offload")
+    check_bool(verbose, "verbose")
+    device_memory = check_device_memory(device_memory)
+    host_bandwidth = check_host_bandwidth(host_bandwidth)
     offload = _offload_wanted(offload, host_bandwidth)
     if device_memory is None:
         device_memory = device_memory_bytes()
+    spec = _step_spec(argnums, has_aux, optimizer)
+    bandwidth = host_bandwidth if offload else None
     progress = Progress(verbose)
     since = (tally(), time.perf_counter())
     try:
-        know = knowledge(fn, args, argnums, schedules, host_bandwidth if offload else None,
-                         progress)  # fmt: skip
-        return plan_prepared(
-            know.prepared, budget, max_rounds, device_memory, know, progress, since
-        )
+        if roll and not has_scans(fn, args):
+            (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
+                                      device_memory, bandwidth, progress)  # fmt: skip
+            if isinstance(result, InfeasibleBudget):
+                raise result
+            return _finished(result, spec)
+        know = knowledge(fn, args, spec, schedules, bandwidth, progress)
+        plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
+                              since)  # fmt: skip
+        return _finished(plan_, spec)
     finally:
         progress.close()
 
@@ -148,17 +185,37 @@ def knowledge(
     progress: Any = None,
 ) -> Knowledge:
     """What is known about the program ``fn`` traces to at ``args``: from memory (`_memo`)
-    when it was planned before in this process, else prepared (`prepare`) and remembered."""
-    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    when it was planned before in this process, else prepared (`prepare`) and remembered.
+    ``argnums`` may be a `Step` (aux outputs, an optimizer's step): it is part of the key."""
+    if not isinstance(argnums, Step):
+        argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     key = None
     with contextlib.suppress(Exception):  # not traceable as given: `prepare` says why
         key = key_of(fingerprint(fn, *args), argnums, schedules, host_bandwidth)
+        hash(key)
     know = recall(key, fn, args) if key is not None else None
     if know is None:
         know = Knowledge(prepare(fn, args, argnums, schedules, host_bandwidth, progress))
         if key is not None:
             remember(key, know)
     return know
+
+
+def _step_spec(argnums: Any, has_aux: bool, optimizer: Any) -> Any:
+    """``argnums`` itself for a plain gradient step, else the `Step` that describes it."""
+    if not has_aux and optimizer is None:
+        return argnums
+    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    return as_step(Step(argnums, bool(has_aux), optimizer), "remat.plan")
+
+
+def _finished(result: Plan, spec: Any) -> Plan:
+    """The plan with its step's description as plain fields (``argnums`` as JSON data)."""
+    if not isinstance(spec, Step):
+        return result
+    return dataclasses.replace(
+        result, argnums=spec.argnums, has_aux=spec.has_aux, optimizer=spec.optimizer
+    )
 
 
 def _offload_wanted(offload: bool, host_bandwidth: float) -> bool:
@@ -180,6 +237,9 @@ def plan_budgets(
     argnums: int | Sequence[int] = 0,
     schedules: bool = True,
     max_rounds: int = 4,
+    has_aux: bool = False,
+    optimizer: Any = None,
+    roll: bool = True,
     verbose: bool = True,
 ) -> list[Plan | InfeasibleBudget]:
     """`plan` at several budgets, sharing the tracing, the calibration and every compiled
@@ -187,17 +247,27 @@ def plan_budgets(
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
     """
-    budgets = [read_budget(b) for b in budgets]
+    if not callable(fn):
+        raise TypeError(f"`plan_budgets` got fn={fn!r}, which is not callable; pass the loss.")
+    read = read_budgets(budgets)  # every budget is checked before anything is compiled
+    check_bool(schedules, "schedules", "plan_budgets")
+    check_max_rounds(max_rounds, "plan_budgets")
+    check_bool(verbose, "verbose", "plan_budgets")
+    spec = _step_spec(argnums, has_aux, optimizer)
     progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
     since: tuple[Any, ...] | None = (tally(), time.perf_counter())
     try:
-        know = knowledge(fn, args, argnums, schedules, None, progress)
-        for budget in budgets:  # the first plan's stats include the shared preparation
+        if roll and not has_scans(fn, args):
+            planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
+                                    progress)  # fmt: skip
+            return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec) for p in planned]
+        know = knowledge(fn, args, spec, schedules, None, progress)
+        for budget in read:  # the first plan's stats include the shared preparation
             try:
-                out.append(
-                    plan_prepared(know.prepared, budget, max_rounds, None, know, progress, since)
-                )
+                plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know, progress,
+                                      since)  # fmt: skip
+                out.append(_finished(plan_, spec))
             except InfeasibleBudget as err:
                 out.append(err)
             since = None

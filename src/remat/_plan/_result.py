@@ -4,6 +4,7 @@ fingerprint of the program a plan is for."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -17,20 +18,28 @@ import jax
 
 from .._core._budget import format_bytes
 from .._core._io import atomic_write_text
-from .._core._plain import to_plain
+from .._core._plain import checksum, to_plain
 from .._core._schedule import encode_schedule
 from .._measure._measurement import Measurement
 from ._compile import peak_of
 from ._options import ScanPlan
 
-# The version of the JSON that `Plan.to_json` writes and `remat.load_plan` reads.
-PLAN_FORMAT = 1
+# The version of the JSON that `Plan.to_json` writes and `remat.load_plan` reads. Format 2 adds
+# a checksum of the whole file (`_core._plain.checksum`); format 1 files have none.
+PLAN_FORMAT = 2
 
 _INFEASIBLE = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the smallest peak the "
     "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
     "un-checkpointed peak {baseline}). Raise the budget to at least {smallest}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
+)
+
+
+_NO_OPTIMIZER = (
+    "`Plan.step` needs the optimizer the plan was made for; this plan was made without one. "
+    "Plan with `remat.plan(loss, *args, budget=..., optimizer=tx)` (an optax "
+    "GradientTransformation), or use `plan.fn` as the loss in your own step."
 )
 
 
@@ -94,7 +103,15 @@ class Plan:
       rounds: solve-and-measure rounds this call ran (each solves, then compiles the step
         or reads a step compiled before for the same program); at most ``max_rounds``.
       fingerprint: hash of the traced program the plan is for (see `load_plan`).
-      stats: compiles and seconds it took (`PlanStats`; ``None`` for a loaded plan).
+      argnums: the differentiated arguments (with an optimizer: the parameters).
+      has_aux: ``fn`` returns ``(loss, aux)``.
+      optimizer: the optax ``GradientTransformation`` the budget's step applies (None: the
+        gradient step); not written to JSON (pass ``optimizer=`` to `remat.load_plan`).
+      rolled: the plan is for ``fn`` with its repeated layers rolled into scans (``roll=True``
+        on a program without scans); `load_plan` rolls them again. False for a program
+        planned as written (its own scans, or nothing to checkpoint).
+      stats: compiles and seconds it took (`PlanStats`; ``None`` for a loaded plan); not
+        written to JSON.
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -108,7 +125,27 @@ class Plan:
     rounds: int
     fingerprint: str
     argnums: int | tuple[int, ...] = 0
+    has_aux: bool = False
+    optimizer: Any = dataclasses.field(default=None, repr=False, compare=False)
+    rolled: bool = False
     stats: PlanStats | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def step(self) -> Callable[..., Any]:
+        """The jitted training step the plan was made for: ``step(params, opt_state, *rest)
+        -> (params, opt_state, loss)`` (``loss`` is ``(loss, aux)`` with ``has_aux``), with
+        ``fn`` checkpointed as planned and ``params``/``opt_state`` donated. ``rest`` are
+        ``fn``'s other arguments, in order. Equal to optax's own step on the plain loss.
+
+        Raises:
+          ValueError: for a plan made without ``optimizer=``.
+        """
+        if self.optimizer is None:
+            raise ValueError(_NO_OPTIMIZER)
+        from .._measure._step import train_step
+
+        train = train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
+        return jax.jit(train, donate_argnums=(0, 1))
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -146,13 +183,15 @@ class Plan:
         return self.explain()
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as JSON-ready data (without ``fn``)."""
+        """The plan as JSON-ready data (without ``fn``), with a ``"checksum"`` of the rest:
+        the sha256 of its canonical JSON, and a digest per field so that `remat.load_plan`
+        can name the field that was edited."""
         data = {
             "format": PLAN_FORMAT,
             **{
                 f.name: to_plain(getattr(self, f.name))
                 for f in dataclasses.fields(self)
-                if f.name not in ("fn", "scans", "measured", "stats")
+                if f.name not in ("fn", "scans", "measured", "optimizer", "stats")
             },
             "scans": [
                 {
@@ -163,10 +202,15 @@ class Plan:
             ],
             "measured": None if self.measured is None else to_plain(self.measured),
         }
+        data["checksum"] = checksum(data)  # `load_plan` refuses a file edited after this
         return data
 
     def to_json(self, path: str | os.PathLike) -> Path:
-        """Writes the plan to ``path`` as JSON, atomically; reload it with `remat.load_plan`."""
+        """Writes the plan to ``path`` as JSON, atomically; reload it with `remat.load_plan`.
+
+        The file (format 2) carries a checksum of its contents: `remat.load_plan` refuses it
+        once edited.
+        """
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=True))
 
 

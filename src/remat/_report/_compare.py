@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .._core._strategy import Strategy, as_strategy
+from .._core._strategy import STRATEGY_NAMES, Strategy, as_strategy
 from ._report import Report, current_machine
 
 _BAD_STRATEGIES = (
@@ -17,6 +17,14 @@ _DUPLICATE = (
     "`remat.compare` got two strategies labelled {label!r}; pass a dict {{label: strategy}} "
     "to give them distinct labels."
 )
+_BAD_BASELINE = (
+    "`remat.compare` got baseline={got!r}, which is neither the label of one of the "
+    "strategies ({labels}) nor a known strategy ({names}). Pass baseline='none' (the program as "
+    "written), a label from `strategies`, or a strategy."
+)
+_BAD_REPEATS = "`remat.compare` got repeats={got!r}; pass an int >= 0 (0 skips timing)."
+_BAD_TITLE = "`remat.compare` got title={got!r}; pass a string (shown above the table)."
+_BAD_PROGRESS = "`remat.compare` got progress={got!r}; pass True or False."
 
 
 def strategy_label(strategy: object) -> str:
@@ -60,6 +68,9 @@ def compare(
     repeats: int = 5,
     title: str = "",
     progress: bool = True,
+    has_aux: bool = False,
+    optimizer: object = None,
+    roll: bool = True,
 ) -> Report:
     """Measures ``jax.value_and_grad(fn, argnums)`` under each strategy and the baseline.
 
@@ -79,6 +90,11 @@ def compare(
       repeats: timed runs per strategy (after a warm-up); 0 skips timing.
       title: what is being measured, shown above the table and the plot.
       progress: show the progress bar (when stderr is a terminal).
+      has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`.
+      optimizer: an optax ``GradientTransformation``: measure the whole training step, as
+        `remat.measure` does with it (parameters and optimizer state donated).
+      roll: roll the repeated layers of a program without scans into scans before applying
+        each strategy, as `remat.apply` does; False applies them to the program as written.
 
     Returns:
       A `remat.Report` with one row per strategy, the baseline's row first.
@@ -99,9 +115,15 @@ def compare(
     """
     from .._measure._measure import _check_args, _check_scalar, measure
 
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
+        raise ValueError(_BAD_REPEATS.format(got=repeats))
+    if not isinstance(title, str):
+        raise ValueError(_BAD_TITLE.format(got=title))
+    if not isinstance(progress, bool):
+        raise ValueError(_BAD_PROGRESS.format(got=progress))
     try:  # `remat.measure`'s input checks, named for `remat.compare`, before any compiling
         _check_args(args, argnums, repeats)
-        _check_scalar(fn, args)
+        _check_scalar(fn, args, has_aux)
     except (TypeError, ValueError) as err:
         raise type(err)(str(err).replace("`remat.measure`", "`remat.compare`")) from None
     entries = _labelled(strategies)
@@ -109,6 +131,15 @@ def compare(
     if isinstance(baseline, str) and baseline in labels:
         base_label = baseline
     else:
+        try:
+            as_strategy(baseline, "remat.compare")
+        except ValueError as err:
+            if "not a known strategy" not in str(err):
+                raise
+            shown = ", ".join(repr(label) for label in labels)
+            raise ValueError(
+                _BAD_BASELINE.format(got=baseline, labels=shown, names=STRATEGY_NAMES)
+            ) from None
         base_label = strategy_label(baseline)
         if base_label not in labels:
             entries.insert(0, (base_label, baseline))
@@ -122,7 +153,16 @@ def compare(
             rows.append(
                 (
                     label,
-                    measure(fn, *args, argnums=argnums, strategy=strategy, repeats=repeats),
+                    measure(
+                        fn,
+                        *args,
+                        argnums=argnums,
+                        strategy=strategy,
+                        repeats=repeats,
+                        has_aux=has_aux,
+                        optimizer=optimizer,
+                        roll=roll,
+                    ),
                 )
             )
         advance(None)

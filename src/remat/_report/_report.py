@@ -37,6 +37,7 @@ _HEADERS = (
     "pareto",
 )
 _VERSION = 1
+_COMPACT_BELOW = 110  # consoles narrower than the full table get the compact one
 
 _NO_ROWS = "`remat.Report` got no rows; expected at least the baseline's measurement."
 _DUPLICATE_LABEL = (
@@ -219,25 +220,32 @@ class Report:
 
     # --- rendering ---
 
-    def table(self):
+    def table(self, compact: bool = False):
         """A `rich.table.Table`: one row per strategy, relative to the baseline.
 
         Columns: strategy, peak MiB, peak relative to the baseline, residual MiB, GFLOPs per
         step, FLOPs relative to the baseline, median ms per step, and a mark (``*``) on the
         Pareto front. A ``!`` after a label means XLA removed the recomputation the strategy
         asked for (see `remat.measure`).
+
+        Numbers are never cut: on a narrow console the labels and headers wrap instead.
+        ``compact`` draws fewer lines, for consoles of about 60 columns.
         """
+        from rich import box
         from rich.table import Table
 
         title = self.title
         if self.num_devices > 1:  # an SPMD program: every memory number is one device's
             title = f"{title} (per device, {self.num_devices} devices)".strip()
-        table = Table(title=title or None, caption=self._caption(), caption_justify="left")
-        table.add_column("strategy", no_wrap=True)
-        for header in _HEADERS[1:-1]:
-            table.add_column(header, justify="right")
-        table.add_column(_HEADERS[-1], justify="center")
-        for cells in self._cells():
+        style = dict(box=box.SIMPLE_HEAD, padding=(0, 0)) if compact else {}
+        table = Table(title=title or None, caption=self._caption(), caption_justify="left", **style)
+        rows = self._cells()
+        table.add_column("strategy", overflow="fold")
+        for i, header in enumerate(_HEADERS[1:-1], start=1):
+            widest = max(len(cells[i]) for cells in rows)
+            table.add_column(header, justify="right", min_width=widest, overflow="fold")
+        table.add_column("*" if compact else _HEADERS[-1], justify="center", overflow="fold")
+        for cells in rows:
             table.add_row(*cells)
         return table
 
@@ -326,11 +334,12 @@ class Report:
         return "\n".join(lines)
 
     def render(self, width: int = 120) -> str:
-        """The table as plain text (no colour), ``width`` characters wide at most."""
+        """The table as plain text (no colour), ``width`` characters wide at most; below 110
+        columns with fewer lines, and at any width with every number whole."""
         from rich.console import Console
 
         console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
-        console.print(self.table())
+        console.print(self.table(compact=width < _COMPACT_BELOW))
         return console.file.getvalue()
 
     def __str__(self) -> str:
@@ -419,12 +428,19 @@ class Report:
         """Reads a report that `Report.to_json` wrote; it compares equal to the one written.
 
         Raises:
-          ValueError: the file is not a remat report.
+          ValueError: the file cannot be read, is not UTF-8 JSON, or is not a remat report;
+            the message names the file.
         """
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as err:
+            why = f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}"
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from None
         except json.JSONDecodeError as err:
-            raise ValueError(_NOT_A_REPORT.format(path=path, why=f"invalid JSON: {err}")) from err
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=f"invalid JSON: {err}")) from None
+        except OSError as err:
+            why = f"cannot read it: {err.strerror or err}"
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from None
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(_NOT_A_REPORT.format(path=path, why=f"no 'format': {_FORMAT!r}"))
         if data.get("version") != _VERSION:
@@ -433,9 +449,9 @@ class Report:
             )
         try:
             return cls.from_dict(data)
-        except (KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
             why = f"malformed: {type(err).__name__}: {err}"
-            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from err
+            raise ValueError(_NOT_A_REPORT.format(path=path, why=why)) from None
 
 
 def _ratio(value: float, base: float) -> str:

@@ -338,7 +338,7 @@ def scan_input_splits(fn: Any, *args: Any) -> tuple[dict[int, list[Splits]], int
     Returns ``({position: [splits of each body input]}, number of devices)``; the body
     inputs are ``consts + carry + xs`` as in `remat.ScanInfo.jaxpr`.
     """
-    from .._trace._rewrite import _split_args, _trace
+    from .._trace._traced import _split_args, _trace
     from ._sharding import _device_count, _sharding_of
 
     leaves, treedef, dynamic, _ = _split_args(args, {})

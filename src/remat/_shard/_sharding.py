@@ -27,7 +27,8 @@ import math
 from typing import Any
 
 import jax
-import numpy as np
+
+from .._core._dtypes import itemsize
 
 _NOT_SHAPED = (
     "`remat.per_device_bytes` got {got!r}, which has no shape and dtype; pass an array, a "
@@ -133,8 +134,7 @@ def per_device_bytes(aval: Any, sharding: jax.sharding.Sharding | None = None) -
         raise TypeError(_NOT_SHAPED.format(got=aval))
     if sharding is None:
         sharding = _sharding_of(aval)
-    itemsize = np.dtype(dtype).itemsize
-    return math.prod(shard_shape(tuple(shape), sharding)) * itemsize
+    return math.prod(shard_shape(tuple(shape), sharding)) * itemsize(dtype)
 
 
 def arg_shardings(args: Any) -> Any:

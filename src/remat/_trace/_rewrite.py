@@ -47,15 +47,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from .._core._strategy import Strategy, as_strategy, resolve_policy
 from .._core._warnings import RematWarning
-from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs, walk
+from ._roll_explain import explain_no_roll
+from ._roll_rewrite import roll_unscanned, rolled_scans
+from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs
 from ._scan_info import _source as _source  # imported from here by `_costmodel`
+from ._state import has_nodes, lift, merged
+from ._traced import _rewritten, _split_args, _trace, _Traced
 
 _P = jcore.primitives
 _count = count  # the number of scans in a jaxpr; imported from here by `_tag`
@@ -63,100 +66,25 @@ _count = count  # the number of scans in a jaxpr; imported from here by `_tag`
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
 
-### Tracing
-
-
-def _is_array(x) -> bool:
-    """Array leaves are traced; every other leaf (Python numbers, strings, ...) is static."""
-    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
-
-
-def _aval(x) -> tuple[Any, ...]:
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x.shape, x.dtype, bool(getattr(x, "weak_type", False))
-    aval = jax.typeof(x)
-    return aval.shape, aval.dtype, aval.weak_type
-
-
-@dataclasses.dataclass(frozen=True)
-class _Traced:
-    jaxpr: jcore.ClosedJaxpr
-    out_tree: Any
-    scans: tuple[ScanInfo, ...]
-
-
-def _split_args(args, kwargs):
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    dynamic = [x for x in leaves if _is_array(x)]
-    avals = tuple(_aval(x) for x in dynamic)
-    static = tuple(None if _is_array(x) else (type(x), x) for x in leaves)
-    return leaves, treedef, dynamic, (treedef, static, avals)
-
-
-def _trace(fn, leaves, treedef) -> _Traced:
-    is_dyn = [_is_array(x) for x in leaves]
-
-    def flat(*dynamic):
-        it = iter(dynamic)
-        full = [next(it) if d else x for x, d in zip(leaves, is_dyn, strict=True)]
-        args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
-        return fn(*args, **kwargs)
-
-    specs = [
-        jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
-        for shape, dtype, weak in (_aval(x) for x, d in zip(leaves, is_dyn, strict=True) if d)
-    ]
-    closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
-    scans: list[ScanInfo] = []
-    walk(closed.jaxpr, 0, (), (), scans, {})
-    return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
-
-
-def _rewritten(fn, evaluator):
-    """``fn2(*args, **kwargs)``: traces ``fn`` (cached per input structure, shapes and dtypes),
-    then runs ``evaluator(traced)(*arrays)``, the rewritten program on the array leaves.
-
-    Called on concrete arrays, the evaluation is compiled with `jax.jit` (once per cache
-    entry), so that eager calls do not re-trace every rewritten scan op by op; under an
-    outer transformation (`jit`, `grad`, `vmap`) it is traced inline.
-    """
-    cache: dict[Any, tuple[_Traced, Callable[..., Any], Callable[..., Any]]] = {}
-
-    def entry(leaves, treedef):
-        traced = _trace(fn, leaves, treedef)
-        run = evaluator(traced)
-        return traced, run, jax.jit(run)
-
-    @functools.wraps(fn)
-    def fn2(*args, **kwargs):
-        leaves, treedef, dynamic, key = _split_args(args, kwargs)
-        try:
-            hash(key)
-        except TypeError:  # an unhashable static argument: trace every time
-            found = entry(leaves, treedef)
-        else:
-            if key not in cache:
-                cache[key] = entry(leaves, treedef)
-            found = cache[key]
-        traced, run, jitted = found
-        eager = not any(isinstance(x, jax.core.Tracer) for x in dynamic)
-        outs = (jitted if eager else run)(*dynamic)
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
-
-    return fn2
-
-
 _NOT_CALLABLE = "`{where}` got fn={got!r}, which is not callable; pass the function to rewrite."
 
 
-def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanInfo]:
+def list_scans(
+    fn: Callable[..., Any], *args: Any, roll: bool = True, **kwargs: Any
+) -> list[ScanInfo]:
     """Lists the scans of ``fn`` traced at ``args``/``kwargs``, in depth-first order.
 
-    Use it to find the positions and names to put in `remat.Strategy(scans=...)`.
+    Use it to find the positions and names to put in `remat.Strategy(scans=...)`. With
+    ``roll=True`` a program without any scan whose layers repeat (a Python loop over a list
+    of layers) is listed as `remat.apply` sees it: one scan per run of identical layers,
+    named ``rolled_{k}_layers``, with the first layer's source line and what is stacked
+    (``ScanInfo.stacked``). A program with scans is listed as it is.
 
     Args:
       fn: the function; it is traced, not run.
       *args: positional arguments: arrays, or `jax.ShapeDtypeStruct` to avoid allocating.
+      roll: list the rolled scans of a program without scans (see above); False lists
+        the program as written.
       **kwargs: keyword arguments.
 
     Returns:
@@ -175,8 +103,14 @@ def list_scans(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[ScanIn
     """
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.list_scans", got=fn))
+    has_nodes_lifted = has_nodes((args, kwargs))
+    if has_nodes_lifted:
+        args, kwargs, _ = lift(args, kwargs)
+        fn = merged(fn)
+    if roll:
+        return rolled_scans(fn, args, kwargs, check=not has_nodes_lifted)
     leaves, treedef, _, _ = _split_args(args, kwargs)
-    return list(_trace(fn, leaves, treedef).scans)
+    return list(_trace(fn, leaves, treedef, check=not has_nodes_lifted).scans)
 
 
 ### Interpreter
@@ -337,6 +271,7 @@ _NO_SCAN = (
     "once, and on the CPU backend XLA removes a checkpoint outside a loop altogether. Put the "
     "layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) to checkpoint per layer."
 )
+_NOT_ROLLED = " Nothing could be rolled into a scan: {why}."
 _NO_MATCH = (
     "`remat.apply` got Strategy(scans={scans!r}), but {missing!r} matches no scan of {name}. "
     "Its scans are: {listing}. Use `remat.list_scans(fn, *args)` to list them, and select by "
@@ -363,7 +298,13 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
     return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
 
 
-def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callable[..., Any]:
+def apply(
+    fn: Callable[..., Any] | None = None,
+    strategy: Any = None,
+    *,
+    has_aux: bool = False,
+    roll: bool = True,
+) -> Callable[..., Any]:
     """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
 
     ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
@@ -375,6 +316,13 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
     the scan with `remat.scan` (``"none"``: a plain `lax.scan`). A program without any scan
     gets the policy on the whole function (``prevent_cse=True``), with a `RematWarning`.
 
+    With ``roll=True`` (the default), a program without any scan whose layers repeat (a
+    Python loop over a list of layers, in linen, nnx, Equinox or plain JAX) is rolled first:
+    each run of identical layers becomes a `lax.scan` over the per-layer inputs stacked
+    inside the step (see `remat.list_scans` and docs/rolling.md for what stacking costs),
+    and the strategy applies to it like to any scan. A program with scans is left as it
+    is. When nothing can be rolled, the warning says why in one line.
+
     Args:
       fn: the function; pytree arguments, keyword arguments and pytree outputs.
       strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
@@ -382,6 +330,12 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
         `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
         as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
         ``remat.apply(strategy=...)`` is a decorator.
+      has_aux: ``fn`` returns ``(loss, aux)``. The rewrite keeps any output structure, so
+        this changes nothing: the rewritten function returns what ``fn`` returns, ready for
+        ``jax.value_and_grad(..., has_aux=True)``. Accepted for symmetry with `remat.measure`
+        and `remat.plan`.
+      roll: roll repeated layers of a program without scans into scans first (see above);
+        False checkpoints the program as written.
 
     Returns:
       A function with ``fn``'s signature and output structure, whose values and gradients
@@ -402,9 +356,11 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
       >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
       True
     """
+    if not isinstance(has_aux, bool):
+        raise TypeError(f"`remat.apply` got has_aux={has_aux!r}; pass True or False.")
     if fn is None:
         as_strategy(strategy, "remat.apply")  # validate now, not when decorating
-        return functools.partial(apply, strategy=strategy)
+        return functools.partial(apply, strategy=strategy, has_aux=has_aux, roll=roll)
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
     strategy = as_strategy(strategy, "remat.apply")
@@ -413,6 +369,7 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
     name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
     if schedule == "none" or (policy is None and schedule == "per_step"):
         return fn  # plain scans, no checkpoint: nothing to rewrite
+    traced_fn = roll_unscanned(fn) if roll else fn
 
     def transform_for(select):
         def transform(info: ScanInfo, body: Body) -> Body | None:
@@ -455,7 +412,10 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
             if policy is None:  # a schedule without a per-step policy: nothing to apply
                 return whole
             # Warned once per input structure, when `fn2` first sees it.
-            warnings.warn(_NO_SCAN.format(name=name, strategy=strategy), RematWarning, stacklevel=4)
+            message = _NO_SCAN.format(name=name, strategy=strategy)
+            if roll:
+                message += _NOT_ROLLED.format(why=explain_no_roll(closed))
+            warnings.warn(message, RematWarning, stacklevel=4)
             return jax.checkpoint(whole, policy=policy, prevent_cse=True)
         transform, loop = transform_for(select)
 
@@ -465,4 +425,4 @@ def apply(fn: Callable[..., Any] | None = None, strategy: Any = None) -> Callabl
 
         return evaluate
 
-    return _rewritten(fn, evaluator)
+    return _rewritten(traced_fn, evaluator)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
@@ -42,6 +43,10 @@ class ScanInfo:
       source: ``"file:line"`` of the user code that made the scan, ``""`` if unknown.
       jaxpr: the scan body as a `ClosedJaxpr`; inputs ``consts + carry + xs``, outputs
         ``new_carry + ys``.
+      stacked: for a scan rolled from layers written in a Python loop (``roll=True``, named
+        ``rolled_{k}_layers``, ``source`` the first layer's line): the shape and dtype, of
+        one layer, of each per-layer input stacked for it (weights, dropout keys); None for
+        the program's own scans.
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -64,6 +69,7 @@ class ScanInfo:
     num_carry: int
     source: str
     jaxpr: jcore.ClosedJaxpr = dataclasses.field(repr=False, compare=False)
+    stacked: tuple[jax.ShapeDtypeStruct, ...] | None = None
 
 
 def scopes(eqn) -> tuple[str, ...]:

@@ -132,7 +132,7 @@ class ScanChoice:
 
 def planned_scans(fn: Callable, *args: Any) -> list[ScanInfo]:
     """The scans the planner plans: those not inside another scan's body."""
-    scans = list_scans(fn, *args)
+    scans = list_scans(fn, *args, roll=False)  # the program as given: `plan` rolls first
     out, skip_until = [], -1
     for info in scans:
         if info.position <= skip_until:

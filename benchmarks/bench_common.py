@@ -1,0 +1,160 @@
+"""Helpers shared by `vs_torch.py` and `maxtext_presets.py`: compile counting, step timing,
+the machine line and tables printed with rich and written as markdown.
+
+Only remat's public API is used here; `replace_section` (how every benchmark keeps its
+section of BENCHMARKS.md) is imported from where the other benchmark scripts import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+from rich.console import Console
+from rich.table import Table
+
+from remat._core._io import replace_section  # noqa: F401  (re-exported for the two scripts)
+
+BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+MIB = 2**20
+
+
+### Compile counting
+
+
+@dataclasses.dataclass
+class CompileLog:
+    """Every XLA compile made while `count_compiles` is active: seconds and argument bytes."""
+
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    arg_bytes: list[int] = dataclasses.field(default_factory=list)
+
+    def full_step(self, step_arg_bytes: int) -> tuple[int, float]:
+        """``(count, seconds)`` of the compiles whose arguments are at least 90% of the
+        whole step's: the full training step (a compile of one layer's body takes one
+        layer's parameters)."""
+        picked = [
+            s
+            for s, b in zip(self.seconds, self.arg_bytes, strict=True)
+            if b >= 0.9 * step_arg_bytes
+        ]
+        return len(picked), sum(picked)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds)
+
+
+def _arg_bytes(lowered: Any) -> int:
+    total = 0
+    for leaf in jax.tree.leaves(lowered.args_info):
+        aval = getattr(leaf, "_aval", None) or getattr(leaf, "aval", None)
+        shape = getattr(aval, "shape", getattr(leaf, "shape", ()))
+        dtype = getattr(aval, "dtype", getattr(leaf, "dtype", None))
+        size = 1
+        for d in shape:
+            size *= int(d)
+        total += size * (dtype.itemsize if dtype is not None else 0)
+    return total
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[CompileLog]:
+    """Counts every ``jax.stages.Lowered.compile`` call inside the block (how `remat.plan`,
+    `remat.measure` and ``jax.jit(...).lower(...).compile()`` compile), with its seconds and
+    the bytes of its arguments."""
+    log = CompileLog()
+    original = jax.stages.Lowered.compile
+
+    def counted(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            log.seconds.append(time.perf_counter() - start)
+            try:
+                log.arg_bytes.append(_arg_bytes(self))
+            except Exception:  # pragma: no cover - args_info changed shape
+                log.arg_bytes.append(0)
+
+    jax.stages.Lowered.compile = counted
+    try:
+        yield log
+    finally:
+        jax.stages.Lowered.compile = original
+
+
+def tree_bytes(tree: Any) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def compiled_peak(m: Any) -> int:
+    """The compiled peak of a `remat.Measurement`: its ``peak_bytes``, read by remat's one peak
+    function (`remat._measure._peak`; on CPU ``temp + argument + output - alias``)."""
+    return m.peak_bytes
+
+
+### Timing
+
+
+def median_seconds(step: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``step()`` (which must block until done) over
+    ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_jax_step(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> float:
+    """Median seconds of ``jax.jit(jax.value_and_grad(fn))(*args)`` (one compile)."""
+    step = jax.jit(jax.value_and_grad(fn))
+    return median_seconds(lambda: jax.block_until_ready(step(*args)), repeats)
+
+
+### Reporting
+
+
+def machine_line(extra: str = "") -> str:
+    """The machine, the library versions and the load average (other jobs share the cores)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()
+    return (
+        f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, "
+        f"jax {jax.__version__} ({jax.default_backend()}){extra}; load average "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at the end of the run"
+    )
+
+
+def print_table(title: str, head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    table = Table(title=title)
+    for h in head:
+        table.add_column(h, overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=200).print(table)
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""The step that `remat.measure`, `remat.compare` and `remat.plan` compile: `Step`.
+
+By default the step is ``jax.value_and_grad(fn, argnums, has_aux=has_aux, allow_int=True)``:
+gradients are taken with respect to the floating-point leaves of ``args[argnums]``; integer
+leaves and PRNG keys (raw ``uint32`` `jax.random.PRNGKey` and typed `jax.random.key`) in them
+are constants and get ``float0`` gradients, which take no memory. With ``has_aux=True`` the
+loss returns ``(loss, aux)``, as in `jax.value_and_grad`.
+
+With an ``optimizer`` (an optax ``GradientTransformation``) the step is the whole training
+step as a training loop runs it (`train_step`): the value and gradient, ``tx.update`` and
+``optax.apply_updates``, compiled with the parameters and the optimizer state donated, so
+that the measured peak is the peak of the step a budget must hold (Adam's two moments and the
+update included).
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from remat._measure._step import grad_step
+  >>> def loss(p, x):
+  ...     return jnp.sum(p["w"] * x) * jax.random.uniform(p["key"]), {"n": 3}
+  >>> (value, aux), grads = grad_step(loss, 0, has_aux=True)(
+  ...     {"w": jnp.ones(2), "key": jax.random.key(0)}, jnp.ones(2))
+  >>> aux, grads["w"].shape
+  ({'n': 3}, (2,))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._measurement import Timing
+
+_BAD_OPT_ARGNUMS = (
+    "`{where}` got optimizer=... with argnums={argnums!r}; the optimizer updates one argument, "
+    "the parameters: pass argnums as a single int (the position of the parameters)."
+)
+_NOT_OPTIMIZER = (
+    "`{where}` got optimizer={got!r}, which is not an optax GradientTransformation (an object "
+    "with `init` and `update`); pass e.g. `optax.adam(1e-3)`."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What is compiled around a loss: which arguments are differentiated, whether the loss
+    returns aux, and the optimizer that applies the gradients (None: the gradient step)."""
+
+    argnums: int | tuple[int, ...] = 0
+    has_aux: bool = False
+    optimizer: Any = None
+
+
+def as_step(spec: Any, where: str = "remat.measure") -> Step:
+    """A `Step` from ``argnums`` (an int or a tuple of ints) or a `Step`."""
+    step = spec if isinstance(spec, Step) else Step(spec)
+    if step.optimizer is not None:
+        if not (hasattr(step.optimizer, "init") and hasattr(step.optimizer, "update")):
+            raise TypeError(_NOT_OPTIMIZER.format(where=where, got=step.optimizer))
+        if isinstance(step.argnums, bool) or not isinstance(step.argnums, int):
+            raise ValueError(_BAD_OPT_ARGNUMS.format(where=where, argnums=step.argnums))
+    return step
+
+
+def argnums_of(spec: Any) -> Any:
+    """The ``argnums`` of a `Step` (or ``spec`` itself)."""
+    return spec.argnums if isinstance(spec, Step) else spec
+
+
+def grad_step(fn: Callable[..., Any], spec: Any, has_aux: bool = False) -> Callable[..., Any]:
+    """``jax.value_and_grad(fn, argnums, has_aux=has_aux)``, with non-float leaves constant."""
+    step = as_step(spec)
+    return jax.value_and_grad(fn, step.argnums, has_aux=has_aux or step.has_aux, allow_int=True)
+
+
+def loss_of(fn: Callable[..., Any], spec: Step | bool) -> Callable[..., Any]:
+    """``fn`` returning its loss only: ``fn(*args)[0]`` when it also returns aux."""
+    if not (spec.has_aux if isinstance(spec, Step) else spec):
+        return fn
+
+    def loss(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)[0]
+
+    return loss
+
+
+def train_step(
+    fn: Callable[..., Any], optimizer: Any, argnums: int = 0, has_aux: bool = False
+) -> Callable[..., Any]:
+    """``step(params, opt_state, *rest) -> (params, opt_state, value)``: one optax step.
+
+    ``params`` is ``fn``'s argument ``argnums``; ``rest`` are its other arguments, in order.
+    ``value`` is the loss (``(loss, aux)`` with ``has_aux``), as `jax.value_and_grad` returns
+    it. Equal to optax's own step: ``tx.update(grads, opt_state, params)`` then
+    ``optax.apply_updates``.
+    """
+    import optax
+
+    def step(params: Any, opt_state: Any, *rest: Any) -> tuple[Any, Any, Any]:
+        args = list(rest)
+        args.insert(argnums, params)
+        value, grads = grad_step(fn, argnums, has_aux)(*args)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return step
+
+
+def _train_args(args: Sequence[Any], step: Step, concrete: bool) -> tuple[Any, ...]:
+    params = args[step.argnums]
+    init = step.optimizer.init
+    opt_state = init(params) if concrete else jax.eval_shape(init, params)
+    rest = [a for i, a in enumerate(args) if i != step.argnums]
+    return (params, opt_state, *rest)
+
+
+def lower_step(fn: Callable[..., Any], args: Sequence[Any], spec: Any) -> Any:
+    """``jax.jit(step).lower(...)`` for the step ``spec`` describes (see the module docstring)."""
+    step = as_step(spec)
+    if step.optimizer is None:
+        return jax.jit(grad_step(fn, step)).lower(*args)
+    train = train_step(fn, step.optimizer, step.argnums, step.has_aux)
+    return jax.jit(train, donate_argnums=(0, 1)).lower(*_train_args(args, step, False))
+
+
+def time_step(compiled: Any, args: Sequence[Any], spec: Any, repeats: int) -> Timing:
+    """Seconds of ``repeats`` runs after a warm-up; a training step is run as a loop runs it,
+    on copies of the parameters (they are donated), each step on the last one's outputs."""
+    step = as_step(spec)
+    if step.optimizer is None:
+        state, rest = (), tuple(args)
+    else:
+        params, opt_state, *others = _train_args(args, step, True)
+        state, rest = (jax.tree_util.tree_map(jnp.copy, params), opt_state), tuple(others)
+
+    def run(state):
+        out = jax.block_until_ready(compiled(*state, *rest))
+        return out[:2] if step.optimizer is not None else state
+
+    state = run(state)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state = run(state)
+        times.append(time.perf_counter() - start)
+    return Timing(median=statistics.median(times), min=min(times), max=max(times), repeats=repeats)

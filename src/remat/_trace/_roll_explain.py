@@ -1,0 +1,87 @@
+"""Saying in one line why nothing in a program rolls: `explain_no_roll`."""
+
+from __future__ import annotations
+
+import numpy as np
+from jax.extend import core as jcore
+
+from ._roll_dataflow import _Mismatch
+from ._roll_detect import _candidates, _search, _stretches, find_runs
+from ._roll_tokens import _Tokens
+from ._scan_info import _source
+
+
+def _where(e) -> str:
+    src = _source(e)
+    return f" ({src.rsplit('/', 1)[-1]})" if src else ""
+
+
+def _describe(a, b) -> str:
+    """What differs between two equations compared as corresponding layer positions."""
+    if a.primitive != b.primitive:
+        return f"{a.primitive.name} vs {b.primitive.name}"
+    ia = [str(v.aval.str_short()) for v in a.invars]
+    ib = [str(v.aval.str_short()) for v in b.invars]
+    if ia != ib:
+        pairs = [(x, y) for x, y in zip(ia, ib, strict=False) if x != y] or [(ia, ib)]
+        x, y = pairs[0]
+        return f"{a.primitive.name} input {x} vs {y}"
+    oa = [str(v.aval.str_short()) for v in a.outvars]
+    ob = [str(v.aval.str_short()) for v in b.outvars]
+    if oa != ob:
+        return f"{a.primitive.name} output {oa} vs {ob}"
+    return f"{a.primitive.name} parameters differ"
+
+
+def explain_no_roll(closed_jaxpr: jcore.ClosedJaxpr) -> str:
+    """One line saying why nothing in a program can be rolled into a scan.
+
+    Args:
+      closed_jaxpr: the program, e.g. from `jax.make_jaxpr`.
+
+    Returns:
+      The reason, e.g. ``"layer at eqn 120 (model.py:33) differs from the one before it:
+      dot_general input f32[64,128] vs f32[64,256]"``; when runs are found, a line that
+      says how many.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._roll_explain import explain_no_roll
+      >>> explain_no_roll(jax.make_jaxpr(lambda x: jnp.sin(x).sum())(jnp.ones(3)))
+      'no repeated structure found: no sequence of equations repeats (2 equations)'
+    """
+    runs = find_runs(closed_jaxpr)
+    if runs:
+        layers = ", ".join(f"{r.length} layers at eqn {r.start}" for r in runs)
+        return f"{len(runs)} run(s) roll: {layers}"
+    jaxpr = closed_jaxpr.jaxpr
+    eqns = jaxpr.eqns
+    mismatches: list[_Mismatch] = []
+    _search(jaxpr, _Tokens(), mismatches)
+    if mismatches:
+        m = mismatches[0]
+        a, b = eqns[m.index], eqns[m.other]
+        what = m.what if m.what not in ("parameters",) else _describe(a, b)
+        return (
+            f"layer at eqn {m.index}{_where(a)} differs from the one before it: "
+            f"{what if m.what != 'dataflow' else 'it reads its inputs differently'}"
+        )
+    # Same primitives in the same order, different shapes: compare by primitive name only.
+    names = [e.primitive.name for e in eqns]
+    ids: dict[str, int] = {}
+    coarse = np.array([ids.setdefault(n, len(ids)) for n in names], np.int64)
+    best = None
+    for p in _candidates(coarse):
+        for lo, hi in _stretches(coarse, p):
+            if best is None or hi - lo > best[1] - best[0]:
+                best = (lo, hi, p)
+    if best is not None:
+        lo, hi, p = best
+        tokens = _Tokens()
+        for i in range(lo + p, hi):
+            a, b = eqns[i], eqns[i - p]
+            if tokens.loose_key(a) != tokens.loose_key(b):
+                return (
+                    f"layer at eqn {i}{_where(a)} differs from the one before it: {_describe(a, b)}"
+                )
+    return f"no repeated structure found: no sequence of equations repeats ({len(eqns)} equations)"

@@ -1,0 +1,119 @@
+"""Tracing a function once per input structure: `_trace`, `_rewritten`.
+
+Array leaves of the arguments are traced (as `jax.ShapeDtypeStruct`s); every other leaf is
+static. `_rewritten(fn, evaluator)` is the wrapper every rewrite of a traced program returns
+(`remat.apply`, `rewrite_scans`, rolling): it traces ``fn`` once per input structure,
+shapes and dtypes, and evaluates the rewritten program on the array leaves. `nnx` modules
+among the arguments are lifted to their state first and updated after (see `_state`), and
+any other in-place change to an argument is refused (`check_unchanged`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jcore
+
+from ._scan_info import ScanInfo, walk
+from ._state import check_unchanged, has_nodes, lift, merged, write_back
+
+
+def _is_array(x) -> bool:
+    """Array leaves are traced; every other leaf (Python numbers, strings, ...) is static."""
+    return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
+
+
+def _aval(x) -> tuple[Any, ...]:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.shape, x.dtype, bool(getattr(x, "weak_type", False))
+    aval = jax.typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type
+
+
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    jaxpr: jcore.ClosedJaxpr
+    out_tree: Any
+    scans: tuple[ScanInfo, ...]
+
+
+def _split_args(args, kwargs):
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    dynamic = [x for x in leaves if _is_array(x)]
+    avals = tuple(_aval(x) for x in dynamic)
+    static = tuple(None if _is_array(x) else (type(x), x) for x in leaves)
+    return leaves, treedef, dynamic, (treedef, static, avals)
+
+
+def _trace(fn, leaves, treedef, check=True) -> _Traced:
+    is_dyn = [_is_array(x) for x in leaves]
+
+    def flat(*dynamic):
+        it = iter(dynamic)
+        full = [next(it) if d else x for x, d in zip(leaves, is_dyn, strict=True)]
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+        out = fn(*args, **kwargs)
+        if check:  # (nnx nodes, lifted, hand their changes back: see `_state`)
+            check_unchanged(_name(fn), (args, kwargs), full, treedef)
+        return out
+
+    specs = [
+        jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+        for shape, dtype, weak in (_aval(x) for x, d in zip(leaves, is_dyn, strict=True) if d)
+    ]
+    closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
+    scans: list[ScanInfo] = []
+    walk(closed.jaxpr, 0, (), (), scans, {})
+    return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
+
+
+def _rewritten(fn, evaluator, lift_nodes=True):
+    """``fn2(*args, **kwargs)``: traces ``fn`` (cached per input structure, shapes and dtypes),
+    then runs ``evaluator(traced)(*arrays)``, the rewritten program on the array leaves.
+
+    Called on concrete arrays, the evaluation is compiled with `jax.jit` (once per cache
+    entry), so that eager calls do not re-trace every rewritten scan op by op; under an
+    outer transformation (`jit`, `grad`, `vmap`) it is traced inline.
+    """
+    cache: dict[Any, tuple[_Traced, Callable[..., Any], Callable[..., Any]]] = {}
+
+    def entry(leaves, treedef):
+        traced = _trace(fn, leaves, treedef, check=lift_nodes)
+        run = evaluator(traced)
+        return traced, run, jax.jit(run)
+
+    stateful: list[Callable[..., Any]] = []  # ``fn`` on lifted nnx nodes, made when needed
+
+    @functools.wraps(fn)
+    def fn2(*args, **kwargs):
+        if lift_nodes and has_nodes((args, kwargs)):  # nnx modules: state changes are kept
+            args, kwargs, nodes = lift(args, kwargs)
+            if not stateful:
+                stateful.append(_rewritten(merged(fn), evaluator, lift_nodes=False))
+            out, states = stateful[0](*args, **kwargs)
+            write_back(nodes, states)
+            return out
+        leaves, treedef, dynamic, key = _split_args(args, kwargs)
+        try:
+            hash(key)
+        except TypeError:  # an unhashable static argument: trace every time
+            found = entry(leaves, treedef)
+        else:
+            if key not in cache:
+                cache[key] = entry(leaves, treedef)
+            found = cache[key]
+        traced, run, jitted = found
+        eager = not any(isinstance(x, jax.core.Tracer) for x in dynamic)
+        outs = (jitted if eager else run)(*dynamic)
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    return fn2
+
+
+def _name(fn: Any) -> str:
+    return f"`{getattr(fn, '__qualname__', repr(fn))}`"

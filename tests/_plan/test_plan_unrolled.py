@@ -1,0 +1,139 @@
+"""`remat.plan` on models whose layers run in a Python loop: rolled, planned, measured."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import remat
+from conftest import assert_tree_allclose
+from remat._plan._plan import plan_budgets
+
+SEQ, W = 128, 16  # activations dominate: (SEQ, SEQ) attention and (SEQ, 4W) MLP per layer
+
+
+def norm(h, g):
+    mu = h.mean(-1, keepdims=True)
+    return (h - mu) * jax.lax.rsqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g
+
+
+def block(p, x, mask):
+    q, k, v = jnp.split(norm(x, p["g1"]) @ p["qkv"], 3, axis=-1)
+    a = jax.nn.softmax(jnp.where(mask, q @ k.T / W**0.5, -1e9), axis=-1)
+    x = x + (a @ v) @ p["o"]
+    return x + jax.nn.gelu(norm(x, p["g2"]) @ p["up"]) @ p["down"]
+
+
+def layer_params(key):
+    ks = jax.random.split(key, 4)
+    return {
+        "g1": jnp.ones(W),
+        "qkv": jax.random.normal(ks[0], (W, 3 * W)) / W**0.5,
+        "o": jax.random.normal(ks[1], (W, W)) / W**0.5,
+        "g2": jnp.ones(W),
+        "up": jax.random.normal(ks[2], (W, 4 * W)) / W**0.5,
+        "down": jax.random.normal(ks[3], (4 * W, W)) / (2 * W),
+    }
+
+
+def transformer(layers, x):
+    mask = jnp.tril(jnp.ones((x.shape[0],) * 2, bool))
+    for p in layers:
+        x = block(p, x, mask)
+    return jnp.mean(x**2)
+
+
+X = jax.random.normal(jax.random.key(1), (SEQ, W))
+XM = jax.random.normal(jax.random.key(2), (1024, W))  # rows for the MLPs: activations dominate
+
+
+def assert_plan(plan, loss, params, *args):
+    assert plan.rolled and plan.scans
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    assert plan.baseline_peak_bytes == remat.measure(loss, params, *args, repeats=0).peak_bytes
+    want = jax.jit(jax.value_and_grad(loss))(params, *args)
+    assert_tree_allclose(jax.jit(jax.value_and_grad(plan.fn))(params, *args), want, scale=10.0)
+
+
+def test_plain_jax_transformer_at_50_and_35_percent():
+    layers = [layer_params(k) for k in jax.random.split(jax.random.key(0), 8)]
+    half, third = plan_budgets(transformer, layers, X, budgets=[0.5, 0.35])
+    for plan in (half, third):
+        assert isinstance(plan, remat.Plan), plan
+        assert_plan(plan, transformer, layers, X)
+    assert third.measured_peak_bytes <= 0.35 * third.baseline_peak_bytes + 1
+
+
+def test_fits_as_written_keeps_it_as_written():
+    layers = [layer_params(k) for k in jax.random.split(jax.random.key(0), 3)]
+    plan = remat.plan(transformer, layers, X, budget=1.0, schedules=False)
+    assert not plan.rolled and plan.scans == () and plan.fn is transformer
+    assert plan.measured.flops == plan.baseline_flops  # nothing recomputed
+
+
+class LinenBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dense(4 * W)(nn.LayerNorm()(x))
+        return x + nn.Dense(W)(jnp.tanh(h))
+
+
+class LinenLoop(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(6):
+            x = LinenBlock()(x)
+        return jnp.mean(x**2)
+
+
+def test_linen_compact_loop_at_50_percent():
+    model = LinenLoop()
+    params = model.init(jax.random.key(0), XM)
+    plan = remat.plan(model.apply, params, XM, budget="50%", schedules=False)
+    assert_plan(plan, model.apply, params, XM)
+
+
+class NnxBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.up = nnx.Linear(W, 4 * W, rngs=rngs)
+        self.down = nnx.Linear(4 * W, W, rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.down(jnp.tanh(self.up(x)))
+
+
+class NnxLoop(nnx.Module):
+    def __init__(self, rngs):
+        self.blocks = nnx.data([NnxBlock(rngs) for _ in range(6)])  # a plain Python list
+
+    def __call__(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return jnp.mean(x**2)
+
+
+def test_nnx_plain_list_at_50_percent():
+    graphdef, state = nnx.split(NnxLoop(nnx.Rngs(0)))
+
+    def loss(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    plan = remat.plan(loss, state, XM, budget="50%", schedules=False)
+    assert_plan(plan, loss, state, XM)
+
+
+def test_no_repetition_says_why():
+    def loss(w, x):
+        return jnp.sum(jnp.sin(x @ w) ** 2)
+
+    with pytest.raises(ValueError, match="no repeated layers to roll into one: no repeated"):
+        remat.plan(loss, jnp.eye(W), X, budget=0.5)
+
+
+def test_no_roll_plans_only_the_programs_own_scans():
+    layers = [layer_params(k) for k in jax.random.split(jax.random.key(0), 2)]
+    with pytest.raises(ValueError, match="found no `scan`"):
+        remat.plan(transformer, layers, X, budget=0.5, roll=False)
