@@ -116,7 +116,7 @@ def test_compiler_options_change_neither_memory_nor_flops():
 # stack and a recurrence.
 UNSEEN = {
     "gpt-d64-b4": lambda: make_gpt(layers=4, d_model=64, seq=64, batch=4, heads=2),
-    "gpt-d96-b2": lambda: make_gpt(layers=3, d_model=96, seq=32, batch=2, heads=3),
+    "gpt-d96-b8": lambda: make_gpt(layers=3, d_model=96, seq=64, batch=8, heads=3),
     "mlp": mlp_stack,
     "recurrence": gated_recurrence,
 }
@@ -125,16 +125,19 @@ UNSEEN = {
 @pytest.mark.parametrize("name", sorted(UNSEEN))
 def test_predictions_within_5_percent_on_unseen_programs(name):
     loss, args = UNSEEN[name]()
-    for fraction in (0.6, 0.35):
+    planned = 0
+    for fraction in (0.6, 0.5, 0.35):
         try:
             p = remat.plan(loss, *args, budget=fraction, verbose=False)
         except remat.InfeasibleBudget:
-            continue
+            continue  # below what this program can reach (the MLP stack: about 45%)
+        planned += 1
         measured = p.measured_peak_bytes
         assert measured <= p.budget_bytes
         assert abs(p.predicted_peak_bytes - measured) <= 0.05 * measured, (name, fraction)
         assert p.rounds <= 2
         assert "predicted peak" in p.explain() and "error" in p.explain()
+    assert planned >= 2, name
 
 
 def named_body():

@@ -18,7 +18,7 @@ with `remat.scan`. Its inputs are abstract (`jax.ShapeDtypeStruct`): nothing is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -28,7 +28,7 @@ from .._core._schedule import Binomial
 from .._measure._peak import CompiledMemory, compiled_memory
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
-from ._compile import SCAN, compile_lowered
+from ._compile import SCAN, compile_each
 
 
 def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Callable[..., Any]:
@@ -77,6 +77,18 @@ def scan_memory(info: ScanInfo, choice: ScanChoice | None, length: int) -> Compi
     Its ``temp_bytes`` is what the scan adds to a step's peak at ``length`` steps: the
     program's arguments and outputs (inputs and their gradients) are counted by the step.
     """
+    return scan_memories([(info, choice, length)])[0]
+
+
+def scan_memories(requests: Sequence[tuple[ScanInfo, ScanChoice | None, int]]) -> list[Any]:
+    """`scan_memory` of each ``(info, choice, length)``: each is compiled while the next is
+    lowered (`compile_each`)."""
+    compiled = compile_each(((lambda r=r: lower_scan(*r)) for r in requests), SCAN)
+    return [compiled_memory(c) for c in compiled]
+
+
+def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int) -> Any:
+    """The lowered scan-alone gradient program (see `scan_memory`)."""
     invars = info.jaxpr.jaxpr.invars
     nc, nk = info.num_consts, info.num_carry
     specs = [_spec(v.aval) for v in invars]
@@ -94,7 +106,9 @@ def scan_memory(info: ScanInfo, choice: ScanChoice | None, length: int) -> Compi
 
     d_specs = [s for s, d in zip(flat_in, diff, strict=True) if d]
     o_specs = [s for s, d in zip(flat_in, diff, strict=True) if not d]
-    outs = jax.eval_shape(merged, d_specs, o_specs)
+    avals = info.jaxpr.out_avals  # the body's: carried values, then one step's outputs
+    outs = [_spec(a) for a in avals[:nk]]
+    outs += [jax.ShapeDtypeStruct((length, *a.shape), a.dtype) for a in avals[nk:]]
     ct_specs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
 
     def program(d_in, o_in, ct):
@@ -102,8 +116,7 @@ def scan_memory(info: ScanInfo, choice: ScanChoice | None, length: int) -> Compi
         _, vjp = jax.vjp(lambda d: merged(d, o_in), d_in)
         return vjp([_zero_if_none(c, o) for c, o in zip(ct, outs, strict=True)])
 
-    lowered = jax.jit(program).lower(d_specs, o_specs, ct_specs)
-    return compiled_memory(compile_lowered(lowered, SCAN))
+    return jax.jit(program).lower(d_specs, o_specs, ct_specs)
 
 
 def _zero_if_none(c: Any, out: Any) -> Any:

@@ -12,6 +12,7 @@ when a candidate uses them (`_rounds`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -133,18 +134,22 @@ def prepare(
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
     model_seconds = time.perf_counter() - clock
-    if baseline is None:
-        say("compiling the un-checkpointed step")
-        baseline = compile_measure(fn, args, argnums, "none", None)
-    say("calibrating on each scan alone")
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
     if devices > 1:
+        if baseline is None:
+            say("compiling the un-checkpointed step")
+            baseline = compile_measure(fn, args, argnums, "none", None)
+        say("calibrating on compiled steps")
         fit, calibration, scan_fits = step_fit(fn, args, argnums, cands, offsets, models, per_step)
         alone = ()
     else:
-        fit, calibration, scan_fits, alone = scan_fit(
-            infos, cands, offsets, models, per_step, baseline
-        )
+        say("compiling the un-checkpointed step and each scan alone")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
+            pending = baseline or pool.submit(compile_measure, fn, args, argnums, "none", None)
+            fit, calibration, scan_fits, alone = scan_fit(
+                infos, cands, offsets, models, per_step, pending
+            )
+            baseline = pending if baseline else pending.result()
     base, stored, slice_weight, weight = fit
     return Prepared(
         fn=fn,
@@ -209,12 +214,11 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline):
       ``calibration`` lists the points as (`Choice`, predicted peak of the step) and
       ``alone`` each point's contribution to the step's peak (see `_rounds.check_alone`).
     """
-    from ._body import scan_memory
+    from ._body import scan_memories
 
-    outside = baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes
-    fits: list[ScanFit] = []
-    points: list[tuple[Any, ...]] = []
-    alone: list[tuple[Any, float]] = []
+    # Every point's choice first, then all compiled at once (`compile_many`), beside the
+    # baseline's compile when it is still running (``baseline`` a future).
+    plan_points = []
     for o in per_step:
         info, model = infos[cands[o].scan], models[cands[o].scan]
         n = model.length
@@ -222,21 +226,34 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline):
         everything = fixed_choice(cands, offsets, models, [o], save=True)
         nothing = fixed_choice(cands, offsets, models, [o], save=False)
         unfused = fixed_choice(cands, offsets, models, [o], save="unfused")
-
-        def temp(choice, length, info=info):
-            return scan_memory(info, choice.choices[info.position], length).temp_bytes
+        requests = [(nothing, short), (everything, short)]
+        if longer > short:
+            requests.append((nothing, longer))
+        if unfused.stored not in (everything.stored, nothing.stored):
+            requests.append((unfused, short))
+        plan_points.append((o, info, n, short, longer, everything, nothing, unfused, requests))
+    flat = [(p[1], c.choices[p[1].position], length) for p in plan_points for c, length in p[8]]
+    temps = iter(m.temp_bytes for m in scan_memories(flat))
+    if hasattr(baseline, "result"):
+        baseline = baseline.result()
+    outside = baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes
+    fits: list[ScanFit] = []
+    points: list[tuple[Any, ...]] = []
+    alone: list[tuple[Any, float]] = []
+    for o, info, n, short, longer, everything, nothing, unfused, requests in plan_points:
+        temp = {(id(c), length): next(temps) for c, length in requests}
 
         def stored_at(choice, length, n=n):  # bytes saved over ``length`` steps
             return choice.stored - (n - length) * choice.sliced
 
-        t_none = temp(nothing, short)
+        t_none = temp[id(nothing), short]
         per_step_bytes = 0.0
         if longer > short:
-            per_step_bytes = temp(nothing, longer) - t_none - nothing.sliced
+            per_step_bytes = temp[id(nothing), longer] - t_none - nothing.sliced
         shift = short * per_step_bytes
-        measured = [(everything, temp(everything, short)), (nothing, t_none)]
-        if unfused.stored not in (everything.stored, nothing.stored):
-            measured.append((unfused, temp(unfused, short)))
+        measured = [(everything, temp[id(everything), short]), (nothing, t_none)]
+        if (id(unfused), short) in temp:
+            measured.append((unfused, temp[id(unfused), short]))
         at = [(dataclasses.replace(c, stored=stored_at(c, short) + shift), t) for c, t in measured]
         fit = calibrate3(at) if len(at) == 3 else None
         if fit is None:

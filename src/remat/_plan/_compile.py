@@ -14,9 +14,12 @@ optimised HLO, never runs the executable, and both are decided before the LLVM b
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -33,6 +36,9 @@ COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 STEP = "step"
 SCAN = "scan"
 
+# Compiles run at once by `compile_each` (XLA compiles outside the GIL; one core each).
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+
 
 @dataclasses.dataclass
 class Tally:
@@ -46,6 +52,7 @@ class Tally:
 
 
 _TALLY = Tally()
+_LOCK = threading.Lock()
 
 
 def tally() -> tuple[dict[str, int], dict[str, float]]:
@@ -66,15 +73,28 @@ def compile_lowered(lowered: Any, kind: str) -> Any:
     start = time.perf_counter()
     compiled = lowered.compile(COMPILER_OPTIONS)
     seconds = time.perf_counter() - start
-    _TALLY.counts[kind] = _TALLY.counts.get(kind, 0) + 1
-    _TALLY.seconds[kind] = _TALLY.seconds.get(kind, 0.0) + seconds
+    with _LOCK:
+        _TALLY.counts[kind] = _TALLY.counts.get(kind, 0) + 1
+        _TALLY.seconds[kind] = _TALLY.seconds.get(kind, 0.0) + seconds
     return compiled
+
+
+def compile_each(lowerings: Iterable[Callable[[], Any]], kind: str) -> list[Any]:
+    """Each program compiled (`compile_lowered`), in order: ``lowerings`` are called in turn
+    on this thread (lowering holds the GIL) while up to `WORKERS` of the programs already
+    lowered compile (XLA compiles outside the GIL)."""
+    with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+        pending = [pool.submit(compile_lowered, lower(), kind) for lower in lowerings]
+        return [p.result() for p in pending]
 
 
 def compile_step(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> tuple[Any, float]:
     """The compiled step of ``fn`` (``argnums`` may be a `remat._measure._step.Step`: aux
     outputs, an optimizer's step) and the seconds the compile took."""
-    lowered = lower_step(fn, args, argnums)
+    return _timed_compile(lower_step(fn, args, argnums))
+
+
+def _timed_compile(lowered: Any) -> tuple[Any, float]:
     start = time.perf_counter()
     compiled = compile_lowered(lowered, STEP)
     return compiled, time.perf_counter() - start
@@ -106,10 +126,19 @@ def compile_measure(
     from .._shard._sharding import num_devices
     from .._trace._checkpoints import traced_dot_flops
 
-    compiled, seconds = compile_step(fn, args, argnums)
+    lowered = lower_step(fn, args, argnums)
+    # XLA compiles outside the GIL: the residuals are traced meanwhile.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_timed_compile, lowered)
+        residuals = saved_residuals(
+            loss_of(fn, as_step(argnums)), *args, argnums=argnums_of(argnums)
+        )
+        if baseline is None:
+            forward = traced_dot_flops(jax.make_jaxpr(fn)(*args).jaxpr)
+        else:  # checkpointing does not change the forward pass
+            forward = baseline.forward_flops
+        compiled, seconds = pending.result()
     flops = hlo_flops(compiled.as_text())
-    residuals = saved_residuals(loss_of(fn, as_step(argnums)), *args, argnums=argnums_of(argnums))
-    forward = traced_dot_flops(jax.make_jaxpr(fn)(*args).jaxpr)
     requested = baseline is not None
     return Measurement(
         **measure_compiled(compiled),

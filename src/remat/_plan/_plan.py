@@ -8,15 +8,18 @@ Trace → cost model → solve → rewrite → compile and measure:
    mixed-integer program (`_milp`, Checkmate-style; Jain et al., MLSys 2020) chooses, for all
    scans together, the schedule and the set of values to save that recompute the fewest
    FLOPs within the budget.
-3. The memory model (see `SLICE_WEIGHT`) is calibrated on the compiled program: the peak
-   with every needed value saved gives the memory outside the scans; the peak with nothing
-   saved gives how much of a step's materialised recomputed values is live at once.
-   Each `remat.Nested` and `remat.Binomial` option is compiled once more: what it keeps
-   beyond the per-step fits is charged to it (`option_offsets`).
-4. The chosen plan is compiled and measured (`remat.measure`); if its peak is over the
-   budget, the model's budget is tightened by the error and the program solved again, a
-   bounded number of times. This is done with each calibrated fit of the memory model (a
-   third compiled point gives a second fit), keeping the cheapest measured plan. If nothing fits, `InfeasibleBudget` says how close it came.
+3. The un-checkpointed step is compiled once (the budget's reference); the memory model is
+   calibrated on each scan compiled on its own, a few steps long (`_calibrate.scan_fit`):
+   what a step adds, the scan's fixed memory, and how much of one step's saved and
+   recomputed values is live at once. A `remat.Nested` or `remat.Binomial` option is
+   charged what it keeps beyond the fit the first time a candidate uses it.
+4. Each candidate is checked on its scans alone, then the whole step is compiled and
+   measured (`_rounds`): the first verified plan gives the memory outside the scans; a
+   candidate over the budget is excluded and the program solved again, at most two rounds
+   compiling the step when a plan that fits is known. Every point compiled for the program
+   (calibration points included) competes, and what was learned is kept by the program's
+   fingerprint (`_memo`) for the next budget. If nothing fits, `InfeasibleBudget` says how
+   close it came.
 
 Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts, exact for
 every schedule (a `remat.Binomial` backward sweep names its data-dependent trip counts for

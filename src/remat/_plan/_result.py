@@ -73,8 +73,9 @@ class PlanStats:
     """What making a plan cost.
 
     Attributes:
-      step_compiles: compiles of the whole gradient step (the baseline and the calibration,
-        unless the program was planned before in this process, and each verified round).
+      step_compiles: compiles of the whole step (the un-checkpointed baseline, unless the
+        program was planned before in this process, and each verified round); a load from
+        JAX's persistent compilation cache counts as one.
       scan_compiles: compiles of one scan on its own (calibration and candidate checks).
       compile_seconds: seconds spent compiling, both kinds.
       seconds: the plan's wall time, from the call to the result.

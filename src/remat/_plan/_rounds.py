@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from .._core._budget import Budget
-from ._body import scan_memory
+from ._body import scan_memories
 from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known
@@ -320,6 +320,23 @@ def check_alone(
     baseline = prep.baseline
     total = float(baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes)
     recharged = False
+    missing = []  # scans not yet compiled alone with this choice: compiled together
+    for o in solution.options:
+        cand = prep.cands[o]
+        info = prep.infos[cand.scan]
+        fit = fits[cand.scan]
+        scan_choice = choice.choices[info.position]
+        key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
+        if key not in know.alone:
+            length = min(fit.lengths) if cand.schedule == "per_step" else fit.length
+            missing.append((key, o, fit, length, (info, scan_choice, length)))
+    temps = scan_memories([m[-1] for m in missing])
+    for (key, o, fit, length, _), memory in zip(missing, temps, strict=True):
+        if prep.cands[o].schedule == "per_step":
+            sliced = scan_terms(prep, solution, o)[1]
+            know.alone[key] = fit.at_length(memory.temp_bytes, length, sliced)
+        else:
+            know.alone[key] = float(memory.temp_bytes)
     for o in solution.options:
         cand = prep.cands[o]
         info = prep.infos[cand.scan]
@@ -327,13 +344,6 @@ def check_alone(
         scan_choice = choice.choices[info.position]
         stored, sliced, transient = scan_terms(prep, solution, o)
         key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
-        if key not in know.alone:
-            if cand.schedule == "per_step":
-                short = min(fit.lengths)
-                temp = scan_memory(info, scan_choice, short).temp_bytes
-                know.alone[key] = fit.at_length(temp, short, sliced)
-            else:
-                know.alone[key] = float(scan_memory(info, scan_choice, fit.length).temp_bytes)
         contribution = know.alone[key]
         if cand.schedule != "per_step" and o not in know.option_extra:
             model = (fit.fixed + fit.length * fit.per_step + prep.stored * stored
