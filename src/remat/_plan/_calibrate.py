@@ -1,14 +1,18 @@
 """What the planner knows about a program before it sees a budget: its scans' cost models and
-options, and the memory model calibrated on compiled programs (see `SLICE_WEIGHT`).
+options, the un-checkpointed step, and the memory model (see `SLICE_WEIGHT`).
 
-Two compiled points (every needed value saved, nothing saved) fit the memory outside the
-scans and how much of a step's recomputed values is live at once (`calibrate`); a third point
-gives a second fit (`calibrate3`). Each `remat.Nested` and `remat.Binomial` option is compiled
-once more, and what it keeps beyond the fits is charged to it (`option_offsets`).
+The whole step is compiled once, un-checkpointed (the budget's reference and the step's own
+arguments and outputs). The memory model is fitted on each scan compiled alone, a few steps
+long (`scan_fit`, `remat._plan._body`): three save sets (every needed value, none, every
+unfused value) give the scan's fixed memory and the weights of one step's saved and transient
+bytes (`calibrate3`, or `calibrate` from two), and a second length the bytes each step adds.
+`remat.Nested` and `remat.Binomial` options are charged what they keep beyond the model only
+when a candidate uses them (`_rounds`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +20,6 @@ from typing import Any
 
 import jax
 
-from .._core._schedule import Binomial, Nested
 from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
 from .._measure._step import Step
@@ -74,12 +77,20 @@ class Prepared:
     # each and keeps the best measured plan (see `_rounds.plan_prepared`).
     fits: tuple[tuple[float, float, float, float], ...]
     smallest: int  # the smaller calibration peak
-    # Per fit, per option: bytes the schedule costs beyond what the fit predicts, measured on
-    # the compiled program (see `option_offsets`); zero for ``per_step`` options.
+    # Per fit, per option: bytes the schedule costs beyond what the fit predicts; zero until a
+    # candidate using the option is compiled alone (see `_rounds`), and for ``per_step``.
     option_extra: tuple[tuple[float, ...], ...]
-    calibration: tuple[tuple[Any, int], ...]  # (Choice, measured peak) of the two points
+    # (Choice, peak) of the calibration points: the step's peak predicted from the scan-alone
+    # compiles (`scan_fit`), or measured on the compiled step (`step_fit`).
+    calibration: tuple[tuple[Any, int], ...]
     fingerprint: str
     model_seconds: float
+    infos: tuple[Any, ...] = ()  # the planned scans' `ScanInfo`s, aligned with ``models``
+    # Per per-step option, the scan's fit on scan-alone programs (`scan_fit`); empty when the
+    # model was fitted on compiled steps (`step_fit`): candidates are then not checked alone.
+    scan_fits: tuple[Any, ...] = ()
+    # (key, contribution) of the calibration points, as `_memo.Knowledge.alone` keys them.
+    alone: tuple[tuple[Any, float], ...] = ()
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -102,11 +113,22 @@ def prepare(
     argnums: Any,
     schedules: bool,
     host_bandwidth: float | None = None,
+    progress: Any = None,
     baseline: Measurement | None = None,
 ):
+    """Everything `plan` needs before it sees a budget (see `Prepared`).
+
+    One compile of the whole step (the un-checkpointed baseline, unless ``baseline`` is
+    given: when the budget is relative to another program's peak, see `_unrolled`); the
+    memory model is calibrated on scan-alone programs (`scan_fit`). A program whose arguments are spread over
+    several devices is calibrated on compiled steps instead (`step_fit`): a scan on its own
+    does not see the shardings XLA propagates into it.
+    """
     if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     check_inputs(fn, args, argnums)
+    say = progress or (lambda _: None)
+    say("tracing")
     clock = time.perf_counter()
     infos = planned_scans(fn, *args)
     if not infos:
@@ -120,32 +142,23 @@ def prepare(
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
     model_seconds = time.perf_counter() - clock
-    if baseline is None:  # given when the budget is relative to another program's peak
-        baseline = compile_measure(fn, args, argnums, "none", None)
-
-    # Calibration: every needed value saved (no transient) and nothing saved (all transient).
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
-    everything = fixed_choice(cands, offsets, models, per_step, save=True)
-    nothing = fixed_choice(cands, offsets, models, per_step, save=False)
-    peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
-    peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
-    # The stored term includes one step's copy of the saved values (see `SLICE_WEIGHT`).
-    base, stored, weight = calibrate(
-        peak_all, everything.stored + SLICE_WEIGHT * everything.sliced + everything.transient,
-        peak_none, nothing.stored + SLICE_WEIGHT * nothing.sliced, nothing.transient,
-    )  # fmt: skip
-    slice_weight = stored * SLICE_WEIGHT
-    fits = [(float(base), float(stored), float(slice_weight), float(weight))]
-    calibration = [(everything, peak_all), (nothing, peak_none)]
-    # A third point, every value saved that XLA does not fuse, fits the slice weight too.
-    unfused = fixed_choice(cands, offsets, models, per_step, save="unfused")
-    if unfused.stored not in (everything.stored, nothing.stored):
-        peak_unfused = light_peak(rewrite(fn, unfused.choices), args, argnums)
-        fit = calibrate3([*calibration, (unfused, peak_unfused)])
-        if fit is not None and fit != fits[0]:
-            fits.append(fit)
-        calibration.append((unfused, peak_unfused))
-    option_extra = option_offsets(fn, args, argnums, cands, offsets, models, per_step, fits)
+    if devices > 1:
+        if baseline is None:
+            say("compiling the un-checkpointed step")
+            baseline = compile_measure(fn, args, argnums, "none", None)
+        say("calibrating on compiled steps")
+        fit, calibration, scan_fits = step_fit(fn, args, argnums, cands, offsets, models, per_step)
+        alone = ()
+    else:
+        say("compiling the un-checkpointed step and each scan alone")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
+            pending = baseline or pool.submit(compile_measure, fn, args, argnums, "none", None)
+            fit, calibration, scan_fits, alone = scan_fit(
+                infos, cands, offsets, models, per_step, pending
+            )
+            baseline = pending if baseline else pending.result()
+    base, stored, slice_weight, weight = fit
     return Prepared(
         fn=fn,
         args=tuple(args),
@@ -158,50 +171,141 @@ def prepare(
         offsets=tuple(offsets),
         base=float(base),
         slice=float(slice_weight),
-        fits=tuple(fits),
+        fits=(fit,),
         weight=float(weight),
         stored=float(stored),
         smallest=min(p for _, p in calibration),
         calibration=tuple(calibration),
-        option_extra=option_extra,
+        option_extra=(tuple(0.0 for _ in cands),),
         fingerprint=print_,
         model_seconds=model_seconds,
+        infos=tuple(infos),
+        scan_fits=scan_fits,
+        alone=alone,
     )
 
 
-def option_offsets(fn, args, argnums, cands, offsets, models, per_step, fits):
-    """Per fit, per option: what a `remat.Nested` or `remat.Binomial` schedule keeps beyond
-    the fit's prediction.
+@dataclasses.dataclass(frozen=True)
+class ScanFit:
+    """What one scan adds to the step's peak, fitted on scan-alone programs (`scan_fit`):
+    ``fixed + length * per_step + stored + slice * sliced + weight * transient``, where
+    ``stored`` (bytes saved over all steps), ``sliced`` (one step's saved bytes) and
+    ``transient`` (one step's materialised recomputed bytes) are the cost model's."""
 
-    The fits are calibrated on ``per_step`` programs. A `Nested` scan's backward pass also
-    holds what the per-step model does not see: the re-run inner block's carries and its
-    slice of ``xs``, and the buffers XLA allocates for the inner scan inside the outer loop
-    (on the GRU benchmark, 256 steps as 16 x 16: 0.7 to 1.2 MiB beyond the fit, for 0.25 MiB
-    of outer carries). A `Binomial` scan's memory (its snapshots, one step's residuals, the
-    buffers of its `fori_loop`) is not a per-step quantity at all. So each such option is
-    compiled once (a `Nested` one with nothing saved, a `Binomial` one as planned; the other
-    scans ``per_step`` with nothing saved), and the difference between the measured peak and
-    each fit's prediction for the same choice (the option's own bytes and transient
-    included, as the MILP counts them) is charged to the option, as bytes it keeps.
+    fixed: float
+    per_step: float  # bytes per step beyond the saved values (stacked carries' copies, ...)
+    slice: float
+    weight: float
+    length: int
+    lengths: tuple[int, ...]  # the scan-alone lengths it was fitted at
+
+    def at_length(self, temp: float, length: int, sliced: float) -> float:
+        """The scan's contribution at its own length, from a scan-alone ``temp`` measured at
+        ``length`` steps with ``sliced`` saved bytes per step."""
+        return temp + (self.length - length) * (self.per_step + sliced)
+
+
+def scan_fit(infos, cands, offsets, models, per_step, baseline):
+    """The memory model fitted on scan-alone programs (`remat._plan._body`), per scan:
+
+    - nothing saved, at 2 and 3 steps: the bytes each step adds beyond its saved values;
+    - every needed value saved, nothing saved, every unfused value saved (at 2 steps): the
+      scan's fixed memory, and the weights of one step's saved and transient bytes
+      (`calibrate3`, or `calibrate` when the third point adds nothing).
+
+    The step's model adds the step's own arguments and outputs (parameters, gradients; from
+    the baseline) to every scan's fixed and per-step memory; the weights are the largest of
+    the scans' (one scan's step is differentiated at a time).
 
     Returns:
-      ``(extra bytes per option,)`` per fit, aligned with ``fits`` and ``cands``.
+      ``((base, 1.0, slice_weight, transient_weight), calibration, scan_fits, alone)``, where
+      ``calibration`` lists the points as (`Choice`, predicted peak of the step) and
+      ``alone`` each point's contribution to the step's peak (see `_rounds.check_alone`).
     """
-    extra = [[0.0] * len(cands) for _ in fits]
-    for o, cand in enumerate(cands):
-        if not isinstance(cand.schedule, Nested | Binomial):
-            continue
-        others = [p for p in per_step if cands[p].scan != cand.scan]
-        point = fixed_choice(cands, offsets, models, [o, *others], save=cand.save_all)
-        peak = light_peak(rewrite(fn, point.choices), args, argnums)
-        transient = max(point.transient, cand.option.transient)
-        for f, (base, stored, slice_weight, weight) in enumerate(fits):
-            predicted = (
-                base + stored * (point.stored + cand.option.bytes)
-                + slice_weight * point.sliced + weight * transient
+    from ._body import scan_memories
+
+    # Every point's choice first, then all compiled at once (`compile_many`), beside the
+    # baseline's compile when it is still running (``baseline`` a future).
+    plan_points = []
+    for o in per_step:
+        info, model = infos[cands[o].scan], models[cands[o].scan]
+        n = model.length
+        short, longer = min(2, n), min(3, n)
+        everything = fixed_choice(cands, offsets, models, [o], save=True)
+        nothing = fixed_choice(cands, offsets, models, [o], save=False)
+        unfused = fixed_choice(cands, offsets, models, [o], save="unfused")
+        requests = [(nothing, short), (everything, short)]
+        if longer > short:
+            requests.append((nothing, longer))
+        if unfused.stored not in (everything.stored, nothing.stored):
+            requests.append((unfused, short))
+        plan_points.append((o, info, n, short, longer, everything, nothing, unfused, requests))
+    flat = [(p[1], c.choices[p[1].position], length) for p in plan_points for c, length in p[8]]
+    temps = iter(m.temp_bytes for m in scan_memories(flat))
+    if hasattr(baseline, "result"):
+        baseline = baseline.result()
+    outside = baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes
+    fits: list[ScanFit] = []
+    points: list[tuple[Any, ...]] = []
+    alone: list[tuple[Any, float]] = []
+    for o, info, n, short, longer, everything, nothing, unfused, requests in plan_points:
+        temp = {(id(c), length): next(temps) for c, length in requests}
+
+        def stored_at(choice, length, n=n):  # bytes saved over ``length`` steps
+            return choice.stored - (n - length) * choice.sliced
+
+        t_none = temp[id(nothing), short]
+        per_step_bytes = 0.0
+        if longer > short:
+            per_step_bytes = temp[id(nothing), longer] - t_none - nothing.sliced
+        shift = short * per_step_bytes
+        measured = [(everything, temp[id(everything), short]), (nothing, t_none)]
+        if (id(unfused), short) in temp:
+            measured.append((unfused, temp[id(unfused), short]))
+        at = [(dataclasses.replace(c, stored=stored_at(c, short) + shift), t) for c, t in measured]
+        fit = calibrate3(at) if len(at) == 3 else None
+        if fit is None:
+            (c_all, p_all), (c_none, p_none) = at[:2]
+            base, stored, weight = calibrate(
+                p_all, c_all.stored + SLICE_WEIGHT * c_all.sliced + c_all.transient,
+                p_none, c_none.stored + SLICE_WEIGHT * c_none.sliced, c_none.transient,
             )  # fmt: skip
-            extra[f][o] = float(peak - predicted)
-    return tuple(tuple(e) for e in extra)
+            fit = (base, stored, stored * SLICE_WEIGHT, weight)
+        base, _, slice_weight, weight = fit
+        fits.append(ScanFit(base, per_step_bytes, slice_weight, weight, n, tuple({short, longer})))
+        contributions = [(c, fits[-1].at_length(t, short, c.sliced)) for c, t in measured]
+        points.append(tuple(contributions))
+        for c, contribution in contributions:
+            sc = c.choices[info.position]
+            alone.append(((o, sc.names, sc.offload, repr(sc.schedule)), contribution))
+    base = outside + sum(f.fixed + f.length * f.per_step for f in fits)
+    slice_weight = max(f.slice for f in fits)
+    weight = max(f.weight for f in fits)
+    # A calibration point of one scan, as a prediction for the whole step: the other scans'
+    # contributions with nothing saved (the least memory each reaches per step).
+    calibration = []
+    for k, scan_points in enumerate(points):
+        rest = sum(p[1][1] for j, p in enumerate(points) if j != k)  # others: nothing saved
+        for choice, contribution in scan_points:
+            calibration.append((choice, int(outside + contribution + rest)))
+    fit = (float(base), 1.0, float(slice_weight), float(weight))
+    return fit, calibration, tuple(fits), tuple(alone)
+
+
+def step_fit(fn, args, argnums, cands, offsets, models, per_step):
+    """The memory model fitted on compiled steps: every needed value saved, nothing saved,
+    and every unfused value saved (see `calibrate` and `calibrate3`)."""
+    everything = fixed_choice(cands, offsets, models, per_step, save=True)
+    nothing = fixed_choice(cands, offsets, models, per_step, save=False)
+    peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
+    peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
+    # The stored term includes one step's copy of the saved values (see `SLICE_WEIGHT`).
+    base, stored, weight = calibrate(
+        peak_all, everything.stored + SLICE_WEIGHT * everything.sliced + everything.transient,
+        peak_none, nothing.stored + SLICE_WEIGHT * nothing.sliced, nothing.transient,
+    )  # fmt: skip
+    fit = (float(base), float(stored), float(stored * SLICE_WEIGHT), float(weight))
+    return fit, [(everything, peak_all), (nothing, peak_none)], ()
 
 
 def calibrate(

@@ -66,13 +66,24 @@ def plan_table(plan: Any) -> Group:
         f"budget          {format_bytes(plan.budget_bytes)} "
         f"({plan.budget_bytes / plan.baseline_peak_bytes:.0%} of the un-checkpointed peak "
         f"{format_bytes(plan.baseline_peak_bytes)})",
-        f"predicted peak  {format_bytes(plan.predicted_peak_bytes)}",
+        f"predicted peak  {format_bytes(plan.predicted_peak_bytes)}"
+        + (
+            ""
+            if not measured
+            else f" (error {(plan.predicted_peak_bytes - measured) / measured:+.1%} of the measured)"
+        ),
         "measured peak   "
         + ("(not measured)" if measured is None else f"{format_bytes(measured)}"),
         "step FLOPs      "
         + ("(not measured)" if ratio is None else f"{ratio:.3f}× no checkpointing (matmuls)"),
         f"solved in       {plan.solve_seconds:.2f} s, {plan.rounds} round(s)",
     ]
+    stats = getattr(plan, "stats", None)
+    if stats is not None:
+        lines.append(
+            f"compiled        the whole step {stats.step_compiles}×, one scan alone "
+            f"{stats.scan_compiles}× ({stats.compile_seconds:.1f} s); {stats.seconds:.1f} s in all"
+        )
     devices = getattr(plan.measured, "num_devices", 1) if plan.measured is not None else 1
     if devices > 1:  # an SPMD program: shapes are global, bytes and peaks are one device's
         lines.append(f"per device      memory of one of {devices} devices; shapes are global")

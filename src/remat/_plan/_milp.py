@@ -225,6 +225,7 @@ def solve(
     minimize: str = "flops",
     max_flops: float | None = None,
     time_limit: float = 30.0,
+    exclude: Sequence[Solution] = (),
 ) -> Solution | None:
     """Chooses the values to save and to recompute, or returns None when nothing fits.
 
@@ -247,6 +248,8 @@ def solve(
         FLOPs included): the smallest memory of any choice that recomputes at most this much.
         ``None``: no limit.
       time_limit: seconds HiGHS may take.
+      exclude: solutions not to return again (their saved values and options; a "no-good"
+        cut each), e.g. candidates found over the budget on the compiled program.
 
     Returns:
       A `Solution`, or None when no choice fits ``budget_bytes``.
@@ -346,6 +349,11 @@ def solve(
     if minimize == "flops":
         coeffs = {k: mem[k] / scale_mem for k in range(nvar) if mem[k]}
         row(coeffs, -np.inf, (budget_bytes - fixed_bytes) / scale_mem)
+    for ex in exclude:  # at least one save or option variable differs from ``ex``
+        coeffs = {i: (-1.0 if i in ex.saved else 1.0) for i in range(n) if nodes[i].saveable}
+        coeffs.update({y + k: (-1.0 if k in ex.options else 1.0) for k in range(m)})
+        ones = sum(1 for i in ex.saved if nodes[i].saveable) + len(ex.options)
+        row(coeffs, 1.0 - ones, np.inf)
     if max_flops is not None:
         coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}
         row(coeffs, -np.inf, max_flops / scale_flops + 1e-9)

@@ -213,6 +213,16 @@ def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool | st
                 recomputed.add(offsets[o] + i)
             elif node.needed or not node.recomputable:
                 saved.add(offsets[o] + i)
+    # Only what the backward pass needs is recomputed: the needed values not saved, and what
+    # they are computed from, back to saved values.
+    wanted = {i for i in recomputed if nodes[i].needed}
+    stack = list(wanted)
+    while stack:
+        for u in nodes[stack.pop()].inputs:
+            if u in recomputed and u not in wanted:
+                wanted.add(u)
+                stack.append(u)
+    recomputed = wanted
     live = materialised(nodes, recomputed)
     for o in options:
         block = range(offsets[o], offsets[o] + len(cands[o].nodes))

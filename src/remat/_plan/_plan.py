@@ -8,15 +8,18 @@ Trace → cost model → solve → rewrite → compile and measure:
    mixed-integer program (`_milp`, Checkmate-style; Jain et al., MLSys 2020) chooses, for all
    scans together, the schedule and the set of values to save that recompute the fewest
    FLOPs within the budget.
-3. The memory model (see `SLICE_WEIGHT`) is calibrated on the compiled program: the peak
-   with every needed value saved gives the memory outside the scans; the peak with nothing
-   saved gives how much of a step's materialised recomputed values is live at once.
-   Each `remat.Nested` and `remat.Binomial` option is compiled once more: what it keeps
-   beyond the per-step fits is charged to it (`option_offsets`).
-4. The chosen plan is compiled and measured (`remat.measure`); if its peak is over the
-   budget, the model's budget is tightened by the error and the program solved again, a
-   bounded number of times. This is done with each calibrated fit of the memory model (a
-   third compiled point gives a second fit), keeping the cheapest measured plan. If nothing fits, `InfeasibleBudget` says how close it came.
+3. The un-checkpointed step is compiled once (the budget's reference); the memory model is
+   calibrated on each scan compiled on its own, a few steps long (`_calibrate.scan_fit`):
+   what a step adds, the scan's fixed memory, and how much of one step's saved and
+   recomputed values is live at once. A `remat.Nested` or `remat.Binomial` option is
+   charged what it keeps beyond the fit the first time a candidate uses it.
+4. Each candidate is checked on its scans alone, then the whole step is compiled and
+   measured (`_rounds`): the first verified plan gives the memory outside the scans; a
+   candidate over the budget is excluded and the program solved again, at most two rounds
+   compiling the step when a plan that fits is known. Every point compiled for the program
+   (calibration points included) competes, and what was learned is kept by the program's
+   fingerprint (`_memo`) for the next budget. If nothing fits, `InfeasibleBudget` says how
+   close it came.
 
 Measured FLOPs are matmul FLOPs read from the optimised HLO with loop trip counts, exact for
 every schedule (a `remat.Binomial` backward sweep names its data-dependent trip counts for
@@ -25,7 +28,9 @@ the reader, see `remat._core._flop_tags`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +47,10 @@ from ._args import (
     read_budgets,
 )
 from ._calibrate import check_inputs, prepare
-from ._result import InfeasibleBudget, Plan
+from ._compile import tally
+from ._memo import Knowledge, key_of, recall, remember
+from ._progress import Progress
+from ._result import InfeasibleBudget, Plan, fingerprint
 from ._rounds import plan_prepared
 from ._unrolled import has_scans, plan_unrolled
 
@@ -62,6 +70,7 @@ def plan(
     has_aux: bool = False,
     optimizer: Any = None,
     roll: bool = True,
+    verbose: bool = True,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -102,6 +111,14 @@ def plan(
         `remat._plan._unrolled`); the budget's fraction and the FLOPs are relative to the
         program as written, and ``Plan.rolled`` says which was chosen. False plans only
         the program's own scans.
+      verbose: show what the plan is doing on stderr (tracing, calibrating, solving,
+        verifying round k, with the elapsed time) once it has taken more than 2 s; only
+        where stderr is a terminal.
+
+    What is learned about a program (the baseline, the calibration, every plan compiled) is
+    kept in memory by its fingerprint: planning it again at another budget compiles the
+    whole step once more (twice when the first plan verified recomputes more than the model
+    predicted), and never returns a plan worse than one compiled before.
 
     For arguments sharded over a mesh (or a ``jax.jit`` with ``in_shardings``), the budget
     and every memory number are per device, as XLA's memory analysis of the SPMD program.
@@ -138,6 +155,7 @@ def plan(
     budget = read_budget(budget, sensible=True)
     check_bool(schedules, "schedules")
     check_bool(offload, "offload")
+    check_bool(verbose, "verbose")
     device_memory = check_device_memory(device_memory)
     host_bandwidth = check_host_bandwidth(host_bandwidth)
     offload = _offload_wanted(offload, host_bandwidth)
@@ -146,15 +164,46 @@ def plan(
     spec = _step_spec(argnums, has_aux, optimizer)
     bandwidth = host_bandwidth if offload else None
     check_inputs(fn, args, spec)  # before `has_scans` traces ``fn``
-    if roll and not has_scans(fn, args):
-        (result,) = plan_unrolled(
-            fn, args, [budget], spec, schedules, max_rounds, device_memory, bandwidth
-        )
-        if isinstance(result, InfeasibleBudget):
-            raise result
-        return _finished(result, spec)
-    prepared = prepare(fn, args, spec, schedules, bandwidth)
-    return _finished(plan_prepared(prepared, budget, max_rounds, device_memory), spec)
+    progress = Progress(verbose)
+    since = (tally(), time.perf_counter())
+    try:
+        if roll and not has_scans(fn, args):
+            (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
+                                      device_memory, bandwidth, progress)  # fmt: skip
+            if isinstance(result, InfeasibleBudget):
+                raise result
+            return _finished(result, spec)
+        know = knowledge(fn, args, spec, schedules, bandwidth, progress)
+        plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
+                              since)  # fmt: skip
+        return _finished(plan_, spec)
+    finally:
+        progress.close()
+
+
+def knowledge(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    argnums: Any,
+    schedules: bool,
+    host_bandwidth: float | None,
+    progress: Any = None,
+) -> Knowledge:
+    """What is known about the program ``fn`` traces to at ``args``: from memory (`_memo`)
+    when it was planned before in this process, else prepared (`prepare`) and remembered.
+    ``argnums`` may be a `Step` (aux outputs, an optimizer's step): it is part of the key."""
+    if not isinstance(argnums, Step):
+        argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    key = None
+    with contextlib.suppress(Exception):  # not traceable as given: `prepare` says why
+        key = key_of(fingerprint(fn, *args), argnums, schedules, host_bandwidth)
+        hash(key)
+    know = recall(key, fn, args) if key is not None else None
+    if know is None:
+        know = Knowledge(prepare(fn, args, argnums, schedules, host_bandwidth, progress))
+        if key is not None:
+            remember(key, know)
+    return know
 
 
 def _step_spec(argnums: Any, has_aux: bool, optimizer: Any) -> Any:
@@ -196,8 +245,10 @@ def plan_budgets(
     has_aux: bool = False,
     optimizer: Any = None,
     roll: bool = True,
+    verbose: bool = True,
 ) -> list[Plan | InfeasibleBudget]:
-    """`plan` at several budgets, sharing the tracing, modelling and calibration compiles.
+    """`plan` at several budgets, sharing the tracing, the calibration and every compiled
+    plan (a plan compiled for one budget competes at the others).
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
     """
@@ -206,16 +257,26 @@ def plan_budgets(
     read = read_budgets(budgets)  # every budget is checked before anything is compiled
     check_bool(schedules, "schedules", "plan_budgets")
     check_max_rounds(max_rounds, "plan_budgets")
+    check_bool(verbose, "verbose", "plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
     check_inputs(fn, args, spec)
-    if roll and not has_scans(fn, args):
-        planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None)
-        return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec) for p in planned]
-    prep = prepare(fn, args, spec, schedules)
+    progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
-    for budget in read:
-        try:
-            out.append(_finished(plan_prepared(prep, budget, max_rounds), spec))
-        except InfeasibleBudget as err:
-            out.append(err)
+    since: tuple[Any, ...] | None = (tally(), time.perf_counter())
+    try:
+        if roll and not has_scans(fn, args):
+            planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
+                                    progress)  # fmt: skip
+            return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec) for p in planned]
+        know = knowledge(fn, args, spec, schedules, None, progress)
+        for budget in read:  # the first plan's stats include the shared preparation
+            try:
+                plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know, progress,
+                                      since)  # fmt: skip
+                out.append(_finished(plan_, spec))
+            except InfeasibleBudget as err:
+                out.append(err)
+            since = None
+    finally:
+        progress.close()
     return out

@@ -69,6 +69,25 @@ class InfeasibleBudget(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class PlanStats:
+    """What making a plan cost.
+
+    Attributes:
+      step_compiles: compiles of the whole step (the un-checkpointed baseline, unless the
+        program was planned before in this process, and each verified round); a load from
+        JAX's persistent compilation cache counts as one.
+      scan_compiles: compiles of one scan on its own (calibration and candidate checks).
+      compile_seconds: seconds spent compiling, both kinds.
+      seconds: the plan's wall time, from the call to the result.
+    """
+
+    step_compiles: int
+    scan_compiles: int
+    compile_seconds: float
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A checkpointing plan: the rewritten function and why it was chosen.
 
@@ -82,7 +101,8 @@ class Plan:
       baseline_peak_bytes: the un-checkpointed gradient step's peak.
       baseline_flops: the un-checkpointed gradient step's matmul FLOPs.
       solve_seconds: seconds spent modelling and solving, without the compiles.
-      rounds: solve-and-measure rounds it took.
+      rounds: solve-and-measure rounds this call ran (each solves, then compiles the step
+        or reads a step compiled before for the same program); at most ``max_rounds``.
       fingerprint: hash of the traced program the plan is for (see `load_plan`).
       argnums: the differentiated arguments (with an optimizer: the parameters).
       has_aux: ``fn`` returns ``(loss, aux)``.
@@ -91,6 +111,8 @@ class Plan:
       rolled: the plan is for ``fn`` with its repeated layers rolled into scans (``roll=True``
         on a program without scans); `load_plan` rolls them again. False for a program
         planned as written (its own scans, or nothing to checkpoint).
+      stats: compiles and seconds it took (`PlanStats`; ``None`` for a loaded plan); not
+        written to JSON.
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -107,6 +129,7 @@ class Plan:
     has_aux: bool = False
     optimizer: Any = dataclasses.field(default=None, repr=False, compare=False)
     rolled: bool = False
+    stats: PlanStats | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def step(self) -> Callable[..., Any]:
@@ -169,7 +192,7 @@ class Plan:
             **{
                 f.name: to_plain(getattr(self, f.name))
                 for f in dataclasses.fields(self)
-                if f.name not in ("fn", "scans", "measured", "optimizer")
+                if f.name not in ("fn", "scans", "measured", "optimizer", "stats")
             },
             "scans": [
                 {

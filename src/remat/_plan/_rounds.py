@@ -1,5 +1,13 @@
-"""The planner's solve-and-measure rounds: solve the MILP, compile and measure the plan, and
-tighten the model by what the compiled program showed, with each calibrated memory model."""
+"""The planner's solve-and-measure rounds, for one budget.
+
+A round solves the integer program, checks the candidate on each of its scans compiled alone
+(cheap: `check_alone`), and, once that predicts a fit, compiles the whole step and measures
+it. The first verified plan of a program also measures what the scan-alone programs do not
+see (the memory outside the scans); a second round runs only when the plan was over the
+budget or when the corrected model offers a cheaper plan. Then every plan compiled for the
+program so far competes (`_memo.Knowledge.measured`): the one with the fewest FLOPs that fits
+is returned, the smaller peak among equals.
+"""
 
 from __future__ import annotations
 
@@ -8,62 +16,354 @@ import time
 from typing import Any
 
 from .._core._budget import Budget
-from .._core._schedule import Schedule
-from .._measure._measurement import Measurement
-from .._trace._tag import rewrite
+from ._body import scan_memories
 from ._calibrate import Prepared
-from ._compile import compile_measure, peak_of
-from ._milp import Option, solve
-from ._options import decode
-from ._result import InfeasibleBudget, Plan
+from ._compile import STEP, compile_measure, peak_of, tally
+from ._memo import Knowledge, Known
+from ._milp import Option, Solution, materialised, solve
+from ._options import Choice, decode
+from ._result import InfeasibleBudget, Plan, PlanStats
 
-# Among equally cheap measured plans (one per calibrated fit), `plan` prefers one whose
-# prediction was within this fraction of its measured peak: a plan the model explains. On the
-# MLP-Mixer at 25% one fit's rounds end with a plan predicted 12% high (its rounds were
-# corrected by an optimistic first round) and the other's with an equally cheap plan predicted
-# within 8%, 0.25 MiB (1%) larger; the second is kept.
-ACCURATE = 0.10
+# Rounds that compile the whole step, when a plan that fits is known by then.
+ROUNDS = 2
+# Candidates checked alone per round before one is compiled whole.
+CHECKS = 4
+# A candidate predicted over the budget tightens the model by its excess and this much more.
+STEP_BACK = 0.002
+# Budgets above the real one at which cheaper candidates are looked for (`_cheaper_candidate`).
+RELAX = (0.0, 0.04, 0.08)
+# A cheaper candidate predicted at most this far over the budget is still verified: the margin
+# was measured on another plan, and a calibration point (e.g. every step recomputed) can sit
+# exactly at the budget.
+BAND = 0.02
 
 
 def plan_prepared(
-    prep: Prepared, budget: Budget, max_rounds: int = 4, device_memory: int | None = None
+    prep: Prepared,
+    budget: Budget,
+    max_rounds: int = 4,
+    device_memory: int | None = None,
+    knowledge: Knowledge | None = None,
+    progress: Any = None,
+    since: tuple[Any, ...] | None = None,
 ) -> Plan:
-    """Solves, rewrites and measures for one budget (see `plan`), with each calibrated memory
-    model (`Prepared.fits`), and keeps the plan with the fewest measured FLOPs; among equally
-    cheap plans, one whose model predicted its peak within 10% (see `ACCURATE`), then the
-    smallest peak."""
+    """Solves, checks, compiles and measures for one budget (see `plan` and the module
+    docstring); ``knowledge`` is what is known about the program (`_memo`), updated here;
+    ``since`` is ``(tally(), perf_counter())`` when the plan began, if before this call."""
+    say = progress or (lambda _: None)
+    know = knowledge if knowledge is not None else Knowledge(prep)
+    (counts0, seconds0), clock = since or (tally(), time.perf_counter())
     budget_bytes = budget.to_bytes(peak_of(prep.baseline), device_memory)
-    plans: list[Plan] = []
-    errors: list[InfeasibleBudget] = []
-    for f, (base, stored, slice_weight, weight) in enumerate(prep.fits):
-        options = prep.options
-        if prep.option_extra:
-            options = tuple(
-                charge(o, extra, stored, weight)
-                for o, extra in zip(prep.options, prep.option_extra[f], strict=True)
+    solve_seconds = 0.0
+    rounds = 0
+    tight = 0.0
+    checks = 0
+    pending: tuple[Solution, Choice] | None = None
+    excluded: list[Solution] = []
+    while rounds < max_rounds:
+        margin = know.margin or 0.0
+        say(f"solving (round {rounds + 1})")
+        start = time.perf_counter()
+        options = _charged(prep, know)
+        weights = dict(transient_weight=prep.weight, stored_weight=prep.stored,
+                       slice_weight=prep.slice)  # fmt: skip
+        if pending is not None:
+            solution, _ = pending
+        else:
+            solution = solve(prep.nodes, budget_bytes, options=options,
+                             fixed_bytes=prep.base + margin + tight, exclude=excluded,
+                             **weights)  # fmt: skip
+        pending = None
+        smallest = solution is None
+        if smallest:  # nothing fits the model: the least memory it knows
+            solution = solve(prep.nodes, budget_bytes, options=options, minimize="memory",
+                             **weights)  # fmt: skip
+        solve_seconds += time.perf_counter() - start
+        if solution is None:  # the solver gave up (time limit): a calibration point
+            choice = _calibration_point(prep, know, budget_bytes)
+            if choice is None:
+                break
+            solution = _solution_of(prep, choice)
+        else:
+            choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
+                            prep.stored, prep.slice)  # fmt: skip
+        rival = _calibration_rival(prep, know, choice, budget_bytes)
+        if rival is not None:  # a calibration point as cheap, predicted to fit: take it
+            choice, solution = rival, _solution_of(prep, rival)
+        key = choice_key(choice)
+        known = know.measured.get(key)
+        if known is not None and peak_of(known.measured) > budget_bytes and checks < CHECKS:
+            checks += 1  # compiled before and over: exclude it without a round
+            excluded.append(solution)
+            continue
+        if known is None:
+            say(f"checking a candidate on its scans alone (round {rounds + 1})")
+            alone, recharged = check_alone(prep, know, solution, choice)
+            predicted = int(alone + margin)
+            if recharged and checks < CHECKS:
+                checks += 1
+                continue  # a schedule's first charge: solve again with it
+            if predicted > budget_bytes and not smallest:
+                if checks < CHECKS:  # exclude it, and step the model back by its excess
+                    checks += 1
+                    excluded.append(solution)
+                    tight += predicted - budget_bytes + STEP_BACK * budget_bytes
+                    continue
+                if _best(prep, know, budget_bytes) is not None:
+                    break  # predicted over, and a plan that fits is known: no round for it
+            say(f"verifying round {rounds + 1}: compiling the step")
+            measured = compile_measure(
+                _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline
             )
-        variant = dataclasses.replace(
-            prep, base=base, stored=stored, slice=slice_weight, weight=weight, options=options
-        )
-        try:
-            plans.append(_plan_one(variant, budget, budget_bytes, max_rounds))
-        except InfeasibleBudget as err:
-            errors.append(err)
-    if not plans:
-        raise min(errors, key=lambda e: e.smallest_peak_bytes)
-    best = min(plans, key=lambda p: (p.measured.flops, _inaccurate(p), p.measured_peak_bytes))
-    return dataclasses.replace(
-        best,
-        solve_seconds=prep.model_seconds + sum(p.solve_seconds - prep.model_seconds for p in plans),
-        rounds=sum(p.rounds for p in plans),
+            know.margin = peak_of(measured) - alone
+            know.measured[key] = Known(choice, measured, predicted, alone)
+        else:
+            predicted = know.measured[key].predicted
+        rounds += 1
+        checks = 0
+        known = know.measured[key]
+        over = peak_of(known.measured) - budget_bytes
+        if over <= 0:
+            if rounds >= min(ROUNDS, max_rounds):
+                break
+            say("looking for a cheaper plan on the scans alone")
+            pending = _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded)
+            if pending is None:
+                break
+        elif rounds >= ROUNDS and _best(prep, know, budget_bytes) is not None:
+            break
+        elif smallest:
+            break  # the least memory the model knows is over: nothing smaller to try
+    best = _best(prep, know, budget_bytes)
+    counts, seconds = tally()
+    stats = PlanStats(
+        step_compiles=counts.get(STEP, 0) - counts0.get(STEP, 0),
+        scan_compiles=sum(counts.values()) - sum(counts0.values())
+        - (counts.get(STEP, 0) - counts0.get(STEP, 0)),
+        compile_seconds=sum(seconds.values()) - sum(seconds0.values()),
+        seconds=time.perf_counter() - clock,
+    )  # fmt: skip
+    if best is None:
+        peaks = [peak_of(k.measured) for k in know.measured.values()]
+        smallest_peak = min(peaks) if peaks else prep.smallest
+        raise InfeasibleBudget(budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline))
+    return Plan(
+        fn=_rewrite(prep, best.choice),
+        scans=best.choice.scans,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=best.predicted,
+        measured=best.measured,
+        baseline_peak_bytes=peak_of(prep.baseline),
+        baseline_flops=prep.baseline.flops,
+        solve_seconds=prep.model_seconds + solve_seconds,
+        rounds=rounds,
+        fingerprint=prep.fingerprint,
+        argnums=prep.argnums,
+        stats=stats,
     )
 
 
+def _calibration_point(prep: Prepared, know: Knowledge, budget_bytes: int) -> Choice | None:
+    """The cheapest calibration point predicted to fit (else the smallest) not yet compiled."""
+    points = [(c, p) for c, p in prep.calibration if choice_key(c) not in know.measured]
+    if not points:
+        return None
+    fits = [cp for cp in points if cp[1] <= budget_bytes]
+    if fits:
+        return min(fits, key=lambda cp: (cp[0].flops, cp[1]))[0]
+    return min(points, key=lambda cp: cp[1])[0]
+
+
+def _solution_of(prep: Prepared, choice: Choice) -> Solution:
+    """A `Solution` with ``choice``'s per-step options and saved values (for `check_alone`)."""
+    options, saved = [], set()
+    for o, cand in enumerate(prep.cands):
+        scan_choice = choice.choices.get(prep.models[cand.scan].index)
+        if scan_choice is None or repr(scan_choice.schedule) != repr(cand.schedule):
+            continue
+        options.append(o)
+        names = set(scan_choice.names or ())
+        values = prep.models[cand.scan].values
+        for i, node in enumerate(cand.nodes):
+            if values[i].name in names or (node.saveable and not node.recomputable):
+                saved.add(prep.offsets[o] + i)
+    block = {
+        i
+        for o in options
+        for i in range(prep.offsets[o], prep.offsets[o] + len(prep.cands[o].nodes))
+    }
+    return Solution(
+        saved=frozenset(saved), recomputed=frozenset(block - saved), recompute_flops=0.0,
+        saved_bytes=0, transient_bytes=0, options=tuple(options),
+    )  # fmt: skip
+
+
+def _rewrite(prep: Prepared, choice: Choice):
+    from .._trace._tag import rewrite
+
+    return rewrite(prep.fn, choice.choices)
+
+
+def choice_key(choice: Choice) -> tuple[Any, ...]:
+    """A hashable identity of a choice: per scan, its names, offloaded names and schedule."""
+    return tuple(
+        sorted((k, v.names, v.offload, repr(v.schedule)) for k, v in choice.choices.items())
+    )
+
+
+def cost(prep: Prepared, known: Known) -> float:
+    """A compiled point's FLOPs: measured, but never below the model's (the backward loop of a
+    `remat.Binomial` schedule has no static trip count, so its measured FLOPs are a lower
+    bound)."""
+    return max(known.measured.flops, prep.baseline.flops + known.choice.flops)
+
+
+def _best(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
+    """The compiled point with the fewest FLOPs that fits, the smallest peak among equals."""
+    fits = [k for k in know.measured.values() if peak_of(k.measured) <= budget_bytes]
+    if not fits:
+        return None
+    return min(fits, key=lambda k: (cost(prep, k), peak_of(k.measured)))
+
+
+def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded):
+    """A plan cheaper than the best one known that its scans, compiled alone, predict to fit
+    (with the memory outside the scans the verified plans showed), or None.
+
+    The integer program's memory is linear in the saved and transient bytes, and XLA's is
+    not quite: the program is solved at the budget and up to `RELAX` above it, excluding
+    each candidate already compiled or checked, and the cheaper ones are checked alone (a
+    cheap compile each, at most `CHECKS`), so that a plan the linear model overestimates by
+    a few percent is still found.
+    """
+    best = _best(prep, know, budget_bytes)
+    if best is None:
+        return None
+    margin = know.margin or 0.0
+    excluded = list(excluded)
+    checks = 0
+    for relax in RELAX:
+        while checks < CHECKS:
+            solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
+                             fixed_bytes=prep.base + margin + tight, exclude=excluded,
+                             transient_weight=prep.weight, stored_weight=prep.stored,
+                             slice_weight=prep.slice)  # fmt: skip
+            if solution is None:
+                break
+            choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
+                            prep.stored, prep.slice)  # fmt: skip
+            if prep.baseline.flops + choice.flops >= cost(prep, best) * (1 - 1e-9):
+                break  # nothing cheaper at this budget
+            excluded.append(solution)
+            if choice_key(choice) in know.measured:
+                continue
+            checks += 1
+            alone, _ = check_alone(prep, know, solution, choice)
+            if alone + margin <= budget_bytes * (1 + BAND):
+                return solution, choice
+    return None
+
+
+def _calibration_rival(prep, know, choice, budget_bytes):
+    """A calibration point not yet compiled that costs no more FLOPs than ``choice`` and
+    whose scans, compiled alone, predict a fit; the cheapest such (or None). The linear model
+    cannot tell such a point from a choice a few bytes away, and its prediction is the
+    scan-alone one, not the model's."""
+    margin = know.margin or 0.0
+    rivals = [
+        (c.flops, p, c)
+        for c, p in prep.calibration
+        if choice_key(c) not in know.measured
+        and c.flops <= choice.flops
+        and p + margin <= budget_bytes
+        and choice_key(c) != choice_key(choice)
+    ]
+    return min(rivals, key=lambda r: r[:2])[2] if rivals else None
+
+
+def _charged(prep: Prepared, know: Knowledge) -> tuple[Option, ...]:
+    return tuple(
+        charge(option, know.option_extra.get(o, 0.0), prep.stored, prep.weight)
+        for o, option in enumerate(prep.options)
+    )
+
+
+def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float, float]:
+    """``(stored, sliced, transient)`` of option ``o``'s scan in ``solution``, unweighted, as
+    the integer program counts them (the option's own bytes and transient included)."""
+    cand = prep.cands[o]
+    block = range(prep.offsets[o], prep.offsets[o] + len(cand.nodes))
+    nodes = prep.nodes
+    saved = [i for i in block if i in solution.saved]
+    stored = sum(nodes[i].bytes * nodes[i].multiplicity for i in saved) + cand.option.bytes
+    sliced = sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)
+    live = materialised(nodes, frozenset(i for i in block if i in solution.recomputed))
+    transient = max(sum(nodes[i].bytes for i in live if nodes[i].needed), cand.option.transient)
+    return float(stored), float(sliced), float(transient)
+
+
+def check_alone(
+    prep: Prepared, know: Knowledge, solution: Solution, choice: Choice
+) -> tuple[float, bool]:
+    """The step's peak predicted for ``choice`` from each of its scans compiled alone (before
+    the memory outside the scans is known: add ``know.margin``), and whether a schedule got
+    its first charge (the solution should then be solved again).
+
+    A ``per_step`` scan is compiled at 2 steps and extrapolated to its length by its fit (see
+    `remat._calibrate.ScanFit`); a `remat.Nested` or `remat.Binomial` one at its length, and
+    what it keeps beyond the model is charged to its option from then on. Without scan fits (a
+    program calibrated on compiled steps) the model's own prediction is returned.
+    """
+    if not prep.scan_fits:
+        return prep.base + choice.model_bytes, False
+    fits = {prep.cands[o].scan: f for o, f in zip(_per_step(prep), prep.scan_fits, strict=True)}
+    baseline = prep.baseline
+    total = float(baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes)
+    recharged = False
+    missing = []  # scans not yet compiled alone with this choice: compiled together
+    for o in solution.options:
+        cand = prep.cands[o]
+        info = prep.infos[cand.scan]
+        fit = fits[cand.scan]
+        scan_choice = choice.choices[info.position]
+        key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
+        if key not in know.alone:
+            length = min(fit.lengths) if cand.schedule == "per_step" else fit.length
+            missing.append((key, o, fit, length, (info, scan_choice, length)))
+    temps = scan_memories([m[-1] for m in missing])
+    for (key, o, fit, length, _), memory in zip(missing, temps, strict=True):
+        if prep.cands[o].schedule == "per_step":
+            sliced = scan_terms(prep, solution, o)[1]
+            know.alone[key] = fit.at_length(memory.temp_bytes, length, sliced)
+        else:
+            know.alone[key] = float(memory.temp_bytes)
+    for o in solution.options:
+        cand = prep.cands[o]
+        info = prep.infos[cand.scan]
+        fit = fits[cand.scan]
+        scan_choice = choice.choices[info.position]
+        stored, sliced, transient = scan_terms(prep, solution, o)
+        key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
+        contribution = know.alone[key]
+        if cand.schedule != "per_step" and o not in know.option_extra:
+            model = (fit.fixed + fit.length * fit.per_step + prep.stored * stored
+                     + prep.slice * sliced + prep.weight * transient)  # fmt: skip
+            know.option_extra[o] = contribution - model
+            recharged = True
+        total += contribution
+    return total, recharged
+
+
+def _per_step(prep: Prepared) -> list[int]:
+    return [o for o, c in enumerate(prep.cands) if c.schedule == "per_step"]
+
+
 def charge(option: Option, extra: float, stored: float, weight: float) -> Option:
-    """``option`` charged ``extra`` bytes of memory (see `option_offsets`), as the MILP counts
-    them: ``stored * bytes + weight * transient``. A negative charge (the option keeps less
-    than the fit predicts) takes the option's bytes down to zero and the rest off its
-    transient, so that options whose bytes would all be clamped to zero stay ranked.
+    """``option`` charged ``extra`` bytes of memory (what it keeps beyond the model, measured
+    on its scan compiled alone), as the MILP counts them: ``stored * bytes + weight *
+    transient``. A negative charge (the option keeps less than the fit predicts) takes the
+    option's bytes down to zero and the rest off its transient, so that options whose bytes
+    would all be clamped to zero stay ranked.
 
     Example:
       >>> from remat._plan._milp import Option
@@ -73,113 +373,10 @@ def charge(option: Option, extra: float, stored: float, weight: float) -> Option
       >>> charge(Option(group=0, bytes=10.0, transient=40.0), -30.0, stored=2.0, weight=0.5)
       Option(group=0, bytes=0.0, flops=0.0, transient=20.0)
     """
-    if not stored:
+    if not stored or not extra:
         return option
     bytes_ = option.bytes + extra / stored
     if bytes_ >= 0 or not weight:
         return dataclasses.replace(option, bytes=max(bytes_, 0.0))
     transient = max(option.transient + bytes_ * stored / weight, 0.0)
     return dataclasses.replace(option, bytes=0.0, transient=transient)
-
-
-def _inaccurate(p: Plan) -> bool:
-    """Whether the model's prediction missed the plan's measured peak by more than `ACCURATE`."""
-    measured = p.measured_peak_bytes or 1
-    return abs(p.predicted_peak_bytes - measured) > ACCURATE * measured
-
-
-def _plan_one(prep: Prepared, budget: Budget, budget_bytes: int, max_rounds: int = 4) -> Plan:
-    """`plan_prepared` with the memory model ``prep`` has."""
-    baseline_peak = peak_of(prep.baseline)
-    fn, args, argnums = prep.fn, prep.args, prep.argnums
-    weights = dict(
-        transient_weight=prep.weight,
-        stored_weight=prep.stored,
-        slice_weight=prep.slice,
-    )
-    solve_seconds = prep.model_seconds
-    margin = 0.0
-    smallest = prep.smallest
-    measured_by_choice: dict[Any, Measurement] = {}
-    best: tuple[Any, ...] | None = None
-    rounds = 0
-    while rounds < max_rounds:
-        rounds += 1
-        clock = time.perf_counter()
-        solution = solve(
-            prep.nodes, budget_bytes, options=prep.options, fixed_bytes=prep.base + margin,
-            **weights,
-        )  # fmt: skip
-        last = solution is None
-        if last:
-            if best is not None:
-                break
-            solution = solve(prep.nodes, budget_bytes, options=prep.options,
-                             minimize="memory", **weights)  # fmt: skip
-            if solution is None:  # the solver gave up (time limit)
-                break
-        choice = decode(
-            solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored, prep.slice,
-        )  # fmt: skip
-        solve_seconds += time.perf_counter() - clock
-        key = tuple(
-            sorted(
-                (k, v.names, v.offload, _schedule_key(v.schedule))
-                for k, v in choice.choices.items()
-            )
-        )
-        seen = key in measured_by_choice
-        if not seen:
-            planned = rewrite(fn, choice.choices)
-            measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
-            measured_by_choice[key] = measured
-        measured = measured_by_choice[key]
-        peak = peak_of(measured)
-        smallest = min(smallest, peak)
-        # The model's prediction for this choice, corrected by the rounds measured before it.
-        predicted = int(prep.base + margin + choice.model_bytes)
-        error = peak - predicted  # > 0: the model was optimistic
-        if peak <= budget_bytes:
-            candidate = (choice.flops, peak, rounds, choice, measured, predicted)
-            if best is None or candidate[:2] < best[:2]:
-                best = candidate
-            if error >= -0.02 * budget_bytes or seen:
-                break  # the model was not pessimistic enough to leave a cheaper plan out
-        elif last:
-            break
-        # Correct the model by what the compiled program showed: tighten when it was
-        # optimistic (at least 1% of the budget), loosen when it was pessimistic.
-        margin += max(error, 0.01 * budget_bytes) if peak > budget_bytes else error
-    if best is None:
-        # The model found nothing, but a calibration point (every needed value saved, or
-        # nothing saved) was measured to fit: fall back to the cheaper of those.
-        fits = [(c, p) for c, p in prep.calibration if p <= budget_bytes]
-        if not fits:
-            raise InfeasibleBudget(budget.spec, budget_bytes, smallest, baseline_peak)
-        choice, peak = min(fits, key=lambda cp: (cp[0].flops, cp[1]))
-        planned = rewrite(fn, choice.choices)
-        measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
-        model = (
-            prep.stored * choice.stored
-            + prep.slice * choice.sliced
-            + prep.weight * choice.transient
-        )
-        best = (choice.flops, peak, rounds, choice, measured, int(prep.base + model))
-    _, _, _, choice, measured, predicted = best
-    return Plan(
-        fn=rewrite(fn, choice.choices),
-        scans=choice.scans,
-        budget_bytes=budget_bytes,
-        predicted_peak_bytes=predicted,
-        measured=measured,
-        baseline_peak_bytes=baseline_peak,
-        baseline_flops=prep.baseline.flops,
-        solve_seconds=solve_seconds,
-        rounds=rounds,
-        fingerprint=prep.fingerprint,
-        argnums=argnums,
-    )
-
-
-def _schedule_key(schedule: Schedule) -> str:
-    return repr(schedule)

@@ -7,11 +7,11 @@
 2. At a budget the program as written fits, it is the plan: nothing is checkpointed, nothing
    recomputed and nothing stacked (no plan can do fewer FLOPs).
 3. Otherwise its runs of identical layers are rolled into scans (`roll_unscanned`) and the
-   rolled program is planned like any scanned one. The planner calibrates its memory model
-   on compiled points of the rolled program, so what rolling costs (the stacked copy of the
-   per-layer inputs and the stacked gradient, split back into per-layer gradients) is in
-   the calibrated memory outside the scans (``Prepared.base``) and charged to every plan;
-   every plan is then compiled and measured as usual.
+   rolled program is planned like any scanned one. What rolling costs (the stacked copy of
+   the per-layer inputs and the stacked gradient, split back into per-layer gradients) lies
+   outside the scans: the first verified plan measures it (the memory outside the scans,
+   `_memo.Knowledge.margin`) and it is charged to every plan from then on; every plan is
+   compiled and measured as usual.
 4. When nothing rolls, `ValueError` says why in one line (`explain_no_roll`).
 
 Per-layer checkpoints whose recomputation is ordered after the incoming cotangent by
@@ -36,6 +36,7 @@ from .._trace._roll_explain import explain_no_roll
 from .._trace._roll_rewrite import roll_unscanned
 from ._calibrate import prepare
 from ._compile import compile_measure, peak_of
+from ._memo import Knowledge
 from ._result import InfeasibleBudget, Plan, fingerprint
 from ._rounds import plan_prepared
 
@@ -48,8 +49,12 @@ _NOTHING_ROLLS = (
 
 
 def has_scans(fn: Callable[..., Any], args: Sequence[Any]) -> bool:
-    """Whether ``fn`` traced at ``args`` has a scan of its own."""
-    return bool(list_scans(fn, *args, roll=False))
+    """Whether ``fn`` traced at ``args`` has a scan of its own; True when it cannot be traced
+    as given (`prepare` checks the arguments and says what is wrong)."""
+    try:
+        return bool(list_scans(fn, *args, roll=False))
+    except (TypeError, ValueError):
+        return True
 
 
 def plan_unrolled(
@@ -61,10 +66,13 @@ def plan_unrolled(
     max_rounds: int,
     device_memory: int | None,
     host_bandwidth: float | None = None,
+    progress: Any = None,
 ) -> list[Plan | InfeasibleBudget]:
     """Plans a program without scans at each budget (see the module docstring).
 
-    Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
+    Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits. The
+    rolled program's plans share what is learned about it (`_memo.Knowledge`): a plan
+    compiled for one budget competes at the others. ``progress`` is told each stage.
 
     Raises:
       ValueError: when the program has no repeated layers to roll (with the reason).
@@ -75,9 +83,11 @@ def plan_unrolled(
     if not find_runs(closed):
         name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
         raise ValueError(_NOTHING_ROLLS.format(name=name, why=explain_no_roll(closed)))
+    say = progress or (lambda _: None)
+    say("compiling the program as written")
     written = compile_measure(fn, args, argnums, "none", None)
     peak = peak_of(written)
-    prepared = None
+    know = None
     out: list[Plan | InfeasibleBudget] = []
     for spec in budgets:
         budget = spec if isinstance(spec, Budget) else read_budget(spec)
@@ -85,12 +95,12 @@ def plan_unrolled(
         if peak <= budget_bytes:
             out.append(_as_written(fn, args, argnums, written, budget_bytes))
             continue
-        if prepared is None:  # the rolled program's cost models and calibration, once
-            prepared = prepare(
-                roll_unscanned(fn), args, argnums, schedules, host_bandwidth, baseline=written
-            )
+        if know is None:  # the rolled program's cost models and calibration, once
+            say("rolling the repeated layers")
+            know = Knowledge(prepare(roll_unscanned(fn), args, argnums, schedules,
+                                     host_bandwidth, progress, baseline=written))  # fmt: skip
         try:
-            plan = plan_prepared(prepared, budget, max_rounds, device_memory)
+            plan = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress)
         except InfeasibleBudget as err:
             out.append(err)
             continue

@@ -1,0 +1,125 @@
+"""The cheap compiles: one scan on its own, a few steps long.
+
+A scan's contribution to the compiled peak of a gradient step is, to within a few hundred
+kilobytes on the stacks measured (demo GPT at 4 and 8 layers, ten save sets each), the same
+whether the scan is compiled inside the step or on its own; and it grows by the same bytes per
+step whatever the length (the loop body is compiled once, so a 2-step scan compiles in about
+the time of a 100-step one, but the program is the scan alone: no embeddings, loss or other
+scans). So the planner calibrates on scan-alone programs of 2 and 3 steps and extrapolates to
+the scan's length (`_calibrate`), and checks each candidate the same way before compiling the
+whole step (`_rounds`).
+
+A scan-alone program is ``jax.vjp`` of the scan over all its floating-point inputs (the
+carried values, the per-step inputs and the loop-invariant ones), rewritten as
+`remat._trace._tag.rewrite` rewrites it inside the program: a ``per_step`` scan checkpoints
+its tagged body with ``save_only_these_names``; a `remat.Nested` or `remat.Binomial` one runs
+with `remat.scan`. Its inputs are abstract (`jax.ShapeDtypeStruct`): nothing is allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._core._schedule import Binomial
+from .._measure._peak import CompiledMemory, compiled_memory
+from .._trace._rewrite import ScanInfo
+from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
+from ._compile import SCAN, compile_each
+
+
+def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Callable[..., Any]:
+    """``run(consts, init, xs) -> (carry, ys)``: the scan at ``info`` alone, ``length`` steps,
+    checkpointed as ``choice`` says (``None``: as it is)."""
+    flat = flatten(info.jaxpr)
+    nk = info.num_carry
+
+    def plain(consts, carry, xs):
+        outs = _eval_inlined(flat.jaxpr, flat.consts, [*consts, *carry, *xs])
+        return list(outs[:nk]), list(outs[nk:])
+
+    def tagged(consts, carry, xs):
+        outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
+        return list(outs[:nk]), list(outs[nk:])
+
+    def run(consts, init, xs):
+        if choice is None or choice.names is None:
+            body = plain
+        elif choice.schedule == "per_step":
+            body = jax.checkpoint(tagged, policy=choice.policy(), prevent_cse=False)
+        elif isinstance(choice.schedule, Binomial):
+            body = plain  # saves everything while reversed (`ScanChoice.policy`)
+        else:
+            body = tagged
+
+        def step(carry, x):
+            new, ys = body(consts, carry, x)
+            return type(carry)(new), ys
+
+        if choice is None or choice.names is None or choice.schedule == "per_step":
+            return jax.lax.scan(step, list(init), list(xs), length=length, reverse=info.reverse)
+        from .._scan._scan import scan
+
+        return scan(
+            step, list(init), list(xs), length=length, reverse=info.reverse,
+            schedule=choice.schedule, policy=choice.policy(),
+        )  # fmt: skip
+
+    return run
+
+
+def scan_memory(info: ScanInfo, choice: ScanChoice | None, length: int) -> CompiledMemory:
+    """The compiled memory of the scan-alone gradient program (one ``"scan"`` compile).
+
+    Its ``temp_bytes`` is what the scan adds to a step's peak at ``length`` steps: the
+    program's arguments and outputs (inputs and their gradients) are counted by the step.
+    """
+    return scan_memories([(info, choice, length)])[0]
+
+
+def scan_memories(requests: Sequence[tuple[ScanInfo, ScanChoice | None, int]]) -> list[Any]:
+    """`scan_memory` of each ``(info, choice, length)``: each is compiled while the next is
+    lowered (`compile_each`)."""
+    compiled = compile_each(((lambda r=r: lower_scan(*r)) for r in requests), SCAN)
+    return [compiled_memory(c) for c in compiled]
+
+
+def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int) -> Any:
+    """The lowered scan-alone gradient program (see `scan_memory`)."""
+    invars = info.jaxpr.jaxpr.invars
+    nc, nk = info.num_consts, info.num_carry
+    specs = [_spec(v.aval) for v in invars]
+    consts, init = specs[:nc], specs[nc : nc + nk]
+    xs = [jax.ShapeDtypeStruct((length, *s.shape), s.dtype) for s in specs[nc + nk :]]
+    flat_in = [*consts, *init, *xs]
+    diff = [jnp.issubdtype(s.dtype, jnp.inexact) for s in flat_in]
+    run = scan_program(info, choice, length)
+
+    def merged(d_in, o_in):
+        it_d, it_o = iter(d_in), iter(o_in)
+        full = [next(it_d) if d else next(it_o) for d in diff]
+        carry, ys = run(full[:nc], full[nc : nc + nk], full[nc + nk :])
+        return [*carry, *ys]
+
+    d_specs = [s for s, d in zip(flat_in, diff, strict=True) if d]
+    o_specs = [s for s, d in zip(flat_in, diff, strict=True) if not d]
+    avals = info.jaxpr.out_avals  # the body's: carried values, then one step's outputs
+    outs = [_spec(a) for a in avals[:nk]]
+    outs += [jax.ShapeDtypeStruct((length, *a.shape), a.dtype) for a in avals[nk:]]
+    ct_specs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
+
+    def program(d_in, o_in, ct):
+        ct = [c if jnp.issubdtype(c.dtype, jnp.inexact) else None for c in ct]
+        _, vjp = jax.vjp(lambda d: merged(d, o_in), d_in)
+        return vjp([_zero_if_none(c, o) for c, o in zip(ct, outs, strict=True)])
+
+    return jax.jit(program).lower(d_specs, o_specs, ct_specs)
+
+
+def _zero_if_none(c: Any, out: Any) -> Any:
+    if c is not None:
+        return c
+    return jnp.zeros(out.shape, jax.dtypes.float0)

@@ -1,0 +1,82 @@
+"""What the planner has learned about a program, kept in memory by its fingerprint.
+
+Planning the same program again at another budget (or `plan_budgets`) reuses the traced cost
+models, the un-checkpointed step, the calibration on scan-alone programs, every candidate
+checked alone, the charges of `remat.Nested` and `remat.Binomial` options, the memory outside
+the scans that the first verified plan showed, and every plan compiled so far; so it compiles
+the whole step once more (twice when the first plan verified recomputes more than the model
+predicted), and a plan it has already compiled is never beaten by a
+worse one. A few programs are kept (`KEEP`), the most recently used.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import jax
+
+from .._measure._measurement import Measurement
+from ._calibrate import Prepared
+
+KEEP = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """A compiled point: a choice and its measured step, with the prediction made for it."""
+
+    choice: Any  # `Choice`
+    measured: Measurement
+    predicted: int
+    alone: float | None = None  # the scan-alone prediction, before the margin
+
+
+@dataclasses.dataclass
+class Knowledge:
+    """What is known about one program (mutable: it grows with every plan)."""
+
+    prepared: Prepared
+    measured: dict[Any, Known] = dataclasses.field(default_factory=dict)
+    # (option, names, schedule, offload) -> the scan's contribution to the step's peak, from
+    # a scan-alone compile (see `_rounds.check_alone`).
+    alone: dict[Any, float] = dataclasses.field(default_factory=dict)
+    option_extra: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Measured peak minus the scan-alone prediction of the last verified plan: the memory
+    # outside the scans that the scan-alone programs do not see. None until one is verified.
+    margin: float | None = None
+
+    def __post_init__(self) -> None:
+        self.alone.update(self.prepared.alone)
+
+
+_MEMORY: collections.OrderedDict[Any, Knowledge] = collections.OrderedDict()
+
+
+def key_of(print_: str, argnums: Any, schedules: bool, host_bandwidth: float | None) -> Any:
+    """The memo key: the program, what is differentiated, what is offered, and the backend."""
+    return (print_, argnums, schedules, host_bandwidth, jax.default_backend(), jax.device_count())
+
+
+def recall(key: Any, fn: Any, args: Any) -> Knowledge | None:
+    """The knowledge kept for ``key``, with ``fn`` and ``args`` (the caller's, which trace to
+    the same program) in place of the ones it was learned with; None if there is none."""
+    know = _MEMORY.get(key)
+    if know is None:
+        return None
+    _MEMORY.move_to_end(key)
+    know.prepared = dataclasses.replace(know.prepared, fn=fn, args=tuple(args))
+    return know
+
+
+def remember(key: Any, know: Knowledge) -> None:
+    _MEMORY[key] = know
+    _MEMORY.move_to_end(key)
+    while len(_MEMORY) > KEEP:
+        _MEMORY.popitem(last=False)
+
+
+def forget() -> None:
+    """Drops everything learned (the next plan of any program starts from scratch)."""
+    _MEMORY.clear()
