@@ -21,12 +21,13 @@ from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
 from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
+from .._trace._checkpoints import checkpoint_sites
 from .._trace._tag import planned_scans, rewrite
 from ._compile import compile_measure, light_peak
 from ._costmodel import ScanModel, model_scans
 from ._milp import Node, Option
 from ._options import Candidate, assemble, candidates, fixed_choice, offload_costs
-from ._result import fingerprint
+from ._result import fingerprint, scan_fingerprints
 
 _ABSTRACT = (
     "`remat.plan` got a `jax.ShapeDtypeStruct` argument; the planner traces the function with "
@@ -80,6 +81,8 @@ class Prepared:
     calibration: tuple[tuple[Any, int], ...]  # (Choice, measured peak) of the two points
     fingerprint: str
     model_seconds: float
+    scan_fingerprints: tuple[str, str] = ("", "")  # see `scan_fingerprints`
+    written: tuple[str, ...] = ()  # the program's own checkpoints, as `Site` texts
 
 
 def prepare(
@@ -111,6 +114,7 @@ def prepare(
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
+    written = tuple(str(s) for s in checkpoint_sites(jax.make_jaxpr(fn)(*args).jaxpr))
     model_seconds = time.perf_counter() - clock
     if baseline is None:  # given when the budget is relative to another program's peak
         baseline = compile_measure(fn, args, argnums, "none", None)
@@ -158,6 +162,8 @@ def prepare(
         option_extra=option_extra,
         fingerprint=print_,
         model_seconds=model_seconds,
+        scan_fingerprints=scan_fingerprints(infos),
+        written=written,
     )
 
 

@@ -155,7 +155,9 @@ def _plan_one(prep: Prepared, budget: Budget, budget_bytes: int, max_rounds: int
         # nothing saved) was measured to fit: fall back to the cheaper of those.
         fits = [(c, p) for c, p in prep.calibration if p <= budget_bytes]
         if not fits:
-            raise InfeasibleBudget(budget.spec, budget_bytes, smallest, baseline_peak)
+            raise InfeasibleBudget(
+                budget.spec, budget_bytes, smallest, baseline_peak, bool(prep.written)
+            )
         choice, peak = min(fits, key=lambda cp: (cp[0].flops, cp[1]))
         planned = rewrite(fn, choice.choices)
         measured = compile_measure(planned, args, argnums, "plan", prep.baseline)
@@ -178,6 +180,9 @@ def _plan_one(prep: Prepared, budget: Budget, budget_bytes: int, max_rounds: int
         rounds=rounds,
         fingerprint=prep.fingerprint,
         argnums=argnums,
+        scan_fingerprint=prep.scan_fingerprints[0],
+        scan_structure=prep.scan_fingerprints[1],
+        written=prep.written,
     )
 
 
