@@ -102,7 +102,10 @@ def apply(
         ``"everything"``, ``"names:a,b"``, ``"offload:a,b"``), a policy callable, or a
         `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
         as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
-        ``remat.apply(strategy=...)`` is a decorator.
+        ``remat.apply(strategy=...)`` is a decorator. The public `remat.apply` also takes
+        a `remat.Plan` or a plan file's path (``"plan.json"``): the plan is applied to
+        ``fn``, checked against it when traced (see `remat._plan._apply`); ``has_aux``,
+        ``roll`` and ``override`` do not apply to it.
       has_aux: ``fn`` returns ``(loss, aux)``. The rewrite keeps any output structure, so
         this changes nothing: the rewritten function returns what ``fn`` returns, ready for
         ``jax.value_and_grad(..., has_aux=True)``. Accepted for symmetry with `remat.measure`
