@@ -99,7 +99,7 @@ def test_linen_train_state_step_with_a_plan(form, tmp_path):
     assert peaks[1] < peaks[0]  # the plan's memory, in the user's own step
 
 
-def test_a_plan_for_other_shapes_or_another_program_is_refused():
+def test_a_plan_for_other_shapes_or_another_program_is_refused(tmp_path):
     state, x, y, key, plan = linen_setup()
     with pytest.raises(ValueError, match="planned for other shapes") as err:
         linen_train_step(plan)(state, x[: B // 2], y[: B // 2], key)
@@ -114,6 +114,10 @@ def test_a_plan_for_other_shapes_or_another_program_is_refused():
     assert plan.scan_fingerprint in str(err.value)
     with pytest.raises(ValueError, match=r"`remat.apply` cannot read"):
         remat.apply(other, "no/such/plan.json")
+    with pytest.raises(ValueError, match=r"`remat.apply` cannot read .*directory"):
+        remat.apply(other, str(tmp_path))
+    with pytest.raises(ValueError, match="drop `override`"):
+        remat.apply(other, plan, override=True)
 
 
 def plain_loss(ws, x, key):

@@ -36,13 +36,17 @@ _OTHER_SHAPES = (
     "`remat.plan(loss, *args, budget=...)`."
 )
 _NOT_CALLABLE = "`remat.apply` got fn={got!r}, which is not callable; pass the loss."
+_PLAN_OVERRIDE = (
+    "`remat.apply` got a plan and override=True: a plan decides what every scan it plans "
+    "saves, replacing the program's own checkpoints there already; drop `override`."
+)
 
 
 def is_plan(strategy: Any) -> bool:
     """Whether ``strategy`` is a `remat.Plan` or a plan file's path (``*.json`` or a path)."""
     if isinstance(strategy, Plan | os.PathLike):
         return True
-    return isinstance(strategy, str) and strategy.endswith(".json")
+    return isinstance(strategy, str) and (strategy.endswith(".json") or os.path.exists(strategy))
 
 
 def apply(
@@ -55,6 +59,8 @@ def apply(
 ) -> Callable[..., Any]:
     """`remat._trace._apply.apply`, which also takes a `remat.Plan` or a plan file as the
     strategy (see `apply_plan`); its docstring is this function's."""
+    if is_plan(strategy) and override:
+        raise ValueError(_PLAN_OVERRIDE)
     if fn is None:
         if is_plan(strategy):
             return functools.partial(apply, strategy=strategy)
