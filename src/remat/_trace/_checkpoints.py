@@ -253,9 +253,10 @@ def checkpoint_sites(jaxpr: Any, outer: str = "") -> tuple[Site, ...]:
     Example:
       >>> import jax, jax.numpy as jnp
       >>> from remat._trace._checkpoints import checkpoint_sites
-      >>> f = jax.checkpoint(jnp.sin, policy=jax.checkpoint_policies.dots_saveable)
+      >>> policy = jax.checkpoint_policies.save_only_these_names("h1")
+      >>> f = jax.checkpoint(jnp.sin, policy=policy)
       >>> [s.policy for s in checkpoint_sites(jax.make_jaxpr(f)(1.0).jaxpr)]
-      ['dots_saveable']
+      ["save_only_these_names('h1')"]
     """
     out: list[Site] = []
     for eqn in jaxpr.eqns:
