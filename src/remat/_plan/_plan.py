@@ -145,6 +145,7 @@ def plan(
         device_memory = device_memory_bytes()
     spec = _step_spec(argnums, has_aux, optimizer)
     bandwidth = host_bandwidth if offload else None
+    _check_plan_args(args, spec)  # before anything is traced (`has_scans` traces)
     if roll and not has_scans(fn, args):
         (result,) = plan_unrolled(
             fn, args, [budget], spec, schedules, max_rounds, device_memory, bandwidth
@@ -154,6 +155,17 @@ def plan(
         return _finished(result, spec)
     prepared = prepare(fn, args, spec, schedules, bandwidth)
     return _finished(plan_prepared(prepared, budget, max_rounds, device_memory), spec)
+
+
+def _check_plan_args(args: Sequence[Any], spec: Any) -> None:
+    """`remat.measure`'s checks of the arguments, named for `remat.plan`."""
+    from .._measure._measure import _check_args
+
+    argnums = spec if isinstance(spec, Step | int) else tuple(spec)
+    try:
+        _check_args(args, argnums, 0)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
 
 
 def _step_spec(argnums: Any, has_aux: bool, optimizer: Any) -> Any:
