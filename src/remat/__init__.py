@@ -23,7 +23,7 @@ from ._scan._scan import scan as scan
 
 # --- apply ---
 from ._trace._rewrite import ScanInfo as ScanInfo
-from ._trace._rewrite import apply as apply
+from ._plan._apply import apply as apply
 from ._trace._rewrite import list_scans as list_scans
 from ._trace._rewrite import rewrite_scans as rewrite_scans
 

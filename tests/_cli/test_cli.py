@@ -203,9 +203,15 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
     monkeypatch.setattr("remat._report._compare.compare", fake_compare)
     monkeypatch.setattr("remat._plan._plan.plan", fake_plan)
     monkeypatch.setattr("remat._plan._plan.plan_budgets", fake_plan_budgets)
+    # the training-step section has a test of its own (test_demo_training_step_section)
+    monkeypatch.setattr("remat._cli._cli_demo_train.train_section", lambda: "TRAIN SECTION")
     out = tmp_path / "demo"
     assert main(["demo", *TINY_DEMO, "--repeats", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
+    # The training-step section comes last.
+    assert printed[-2].startswith("A training step (dropout, Adam) planned to a budget")
+    assert printed[-1] == "TRAIN SECTION"
+    printed = printed[:-3]
     # The unrolled twin's table comes last: the scanned GPT and its twin, side by side.
     twin = printed.index(
         "The same GPT with its blocks in a Python loop, which remat rolls into a scan:"
@@ -226,6 +232,20 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
     assert printed[-2] == pick_sentence(report)
     assert "pick full:" in printed[-2]  # hand-made rows: full is the cheapest under 20 MiB
     assert printed[-1].startswith("remat.plan: remat.plan cannot fit budget 0.5")
+
+
+def test_demo_training_step_section(monkeypatch):
+    from remat._cli import _cli_demo_train
+
+    sizes = dict(layers=3, width=16, hidden=64, batch=128, steps=2)
+    monkeypatch.setattr(_cli_demo_train, "SIZES", sizes)
+    lines = _cli_demo_train.train_section(budget=0.8).splitlines()
+    assert lines[0].startswith("remat.plan(loss, params, x, y, key, budget=80%, optimizer=")
+    assert lines[1].startswith("  train_step (plain  ): losses ")
+    assert lines[2].startswith("  train_step (planned) with remat.apply(loss_fn, plan) inside")
+    plain, planned = (line.split("losses ")[1].split(";")[0] for line in lines[1:3])
+    assert plain == planned
+    assert lines[3] == "  the same losses step by step (dropout masks recomputed, not redrawn)"
 
 
 @pytest.mark.slow

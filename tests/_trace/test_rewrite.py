@@ -211,9 +211,14 @@ def test_scan_inside_jit_cond_and_checkpoint():
     ws, x = mlp_args()
     scans = remat.list_scans(f, ws, x)
     assert [(s.position, s.name) for s in scans] == [(0, "blocks"), (1, "blocks")]
-    f2 = remat.apply(f, "full")
-    check_twin(f, f2, ws, x)
-    assert count(jax.make_jaxpr(f2)(ws, x).jaxpr, "remat2") == 1 + 2  # outer + one per scan
+    with pytest.warns(remat.RematWarning, match="kept the program's own checkpoints"):
+        f2 = remat.apply(f, "full")
+        check_twin(f, f2, ws, x)
+    # the user's checkpoint (its scan left as written) + the second scan's
+    assert count(jax.make_jaxpr(f2)(ws, x).jaxpr, "remat2") == 1 + 1
+    f3 = remat.apply(f, "full", override=True)
+    check_twin(f, f3, ws, x)
+    assert count(jax.make_jaxpr(f3)(ws, x).jaxpr, "remat2") == 2  # one per scan
 
 
 def test_scan_inside_jit_with_shardings_keeps_them():

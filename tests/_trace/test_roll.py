@@ -22,10 +22,11 @@ W = 8  # width of the tiny models
 X = jnp.linspace(-1.0, 1.0, 2 * W).reshape(2, W)
 
 
-def check(loss, params, *args, lengths, scale=10.0):
+def check(loss, params, *args, lengths, scale=10.0, override=False):
     """Asserts the runs' lengths, the rolled scans `remat.list_scans` shows, and that
     ``remat.apply(loss, "full")`` (rolled by default, every layer checkpointed) equals
-    ``loss`` with its gradient: one compile of each."""
+    ``loss`` with its gradient: one compile of each. Layers that checkpoint already need
+    ``override=True`` for the strategy to replace their checkpoints (else they are kept)."""
     runs = list_runs(loss, params, *args)
     assert [r.length for r in runs] == lengths, runs
     scans = remat.list_scans(loss, params, *args)
@@ -34,7 +35,7 @@ def check(loss, params, *args, lengths, scale=10.0):
     assert [s.stacked for s in scans] == [r.stacked for r in runs]
     assert [s.source for s in scans] == [r.source for r in runs]
     # with nothing to roll, `apply` warns; `roll` evaluates the program as written
-    rolled = remat.apply(loss, "full") if lengths else roll(loss)
+    rolled = remat.apply(loss, "full", override=override) if lengths else roll(loss)
     want = jax.jit(jax.value_and_grad(loss))(params, *args)
     got = jax.jit(jax.value_and_grad(rolled))(params, *args)
     assert_tree_allclose(got, want, scale=scale)
@@ -137,7 +138,12 @@ def test_layers_already_checkpointed_and_jitted():
             x = jitted(p, x)
         return jnp.sum(x**2)
 
-    runs = check(loss, dense_params(jax.random.key(5), [W] * 8), X, lengths=[4, 3])
+    params = dense_params(jax.random.key(5), [W] * 8)
+    runs = check(loss, params, X, lengths=[4, 3], override=True)
+    # without override, the layers' own checkpoints are kept, and `apply` says so
+    with pytest.warns(remat.RematWarning, match="kept the program's own checkpoints"):
+        kept = remat.apply(loss, "full")
+        assert_tree_allclose(jax.grad(kept)(params, X), jax.grad(loss)(params, X))
     assert [r.period for r in runs] == [1, 1]
 
 
@@ -204,7 +210,7 @@ class LinenCompact(nn.Module):
 )
 def test_linen(model):
     params = model.init(jax.random.key(0), X)
-    check(model.apply, params, X, lengths=[4])
+    check(model.apply, params, X, lengths=[4], override=getattr(model, "remat_blocks", False))
 
 
 def test_linen_dropout_rngs():

@@ -3,7 +3,9 @@
 Builds the embedded GPT (`remat._models._gpt.make_gpt`), compares checkpointing strategies on its
 training step with `remat.compare`, prints the table, writes ``report.json`` and
 ``pareto.png`` into ``--out``, and says in one sentence which strategy it would pick for half
-the memory; then compares the GPT with its unrolled twin (`_cli_demo_unrolled`).
+the memory; then compares the GPT with its unrolled twin (`_cli_demo_unrolled`), and plans a
+small model's training step with Adam and runs it in a Flax-style ``train_step``
+(`_cli_demo_train`).
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ def register(subparsers) -> None:
         "--no-unrolled",
         action="store_true",
         help="skip the GPT's unrolled twin (its blocks in a Python loop, rolled by remat)",
+    )
+    parser.add_argument(
+        "--no-train",
+        action="store_true",
+        help="skip the training-step section (a plan with Adam, applied inside a train_step)",
     )
     parser.add_argument(
         "--out",
@@ -162,6 +169,13 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RematWarning)
             print(unrolled_table(sizes))
+    if not getattr(args, "sharded", False) and not getattr(args, "no_train", False):
+        from ._cli_demo_train import train_section
+
+        print("\nA training step (dropout, Adam) planned to a budget and run in your own step:")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RematWarning)
+            print(train_section())
     return 0
 
 

@@ -106,7 +106,7 @@ def lint(
         raise ValueError(_NOT_BOOL_MEASURE.format(got=measure))
     if strategy is not None:
         from .._core._strategy import as_strategy
-        from .._trace._rewrite import apply
+        from .._trace._apply import apply
 
         fn = apply(fn, as_strategy(strategy, "remat.lint"), roll=roll)
     closed = jax.make_jaxpr(fn)(*args)

@@ -28,7 +28,12 @@ from .._core._dtypes import dtype_of, is_float
 from .._core._strategy import as_strategy
 from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
-from .._trace._checkpoints import recompute_requested, strip_checkpoints, traced_dot_flops
+from .._trace._checkpoints import (
+    checkpoint_sites,
+    recompute_requested,
+    strip_checkpoints,
+    traced_dot_flops,
+)
 from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, peak_bytes
@@ -75,6 +80,12 @@ _ELIMINATED = (
     "{plain_peak:.2f} MiB without checkpoints). {cause} Fix: put the layers in a "
     "`jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) and checkpoint the scan body, e.g. "
     "with `remat.apply(fn, strategy)`; inside a loop, the recomputation survives compilation."
+)
+_WORSE_THAN_WRITTEN = (
+    "`remat.measure`: strategy {strategy!r} raises the compiled peak of {name} from "
+    "{written:.2f} MiB as written (the program checkpoints already: {sites}) to {peak:.2f} "
+    "MiB. Keep the program as written, or try another strategy or `remat.plan(fn, *args, "
+    "budget=...)`, which plans against the program as written."
 )
 _SAVES_NOTHING = (
     "`remat.measure`: the checkpoints in {name} recompute, but the compiled peak, {peak:.2f} MiB, "
@@ -243,6 +254,7 @@ def measure(
     has_aux: bool = False,
     optimizer: Any = None,
     roll: bool = True,
+    override: bool = False,
 ) -> Measurement:
     """Compiles ``jax.value_and_grad(fn, argnums)`` with `jax.jit` and measures it.
 
@@ -280,6 +292,8 @@ def measure(
       roll: with a strategy, roll the repeated layers of a program without scans into scans
         first, as `remat.apply` does (False: apply it to the program as written). The
         plain twin that the measurement is compared with is ``fn`` as written.
+      override: passed to `remat.apply`: False keeps the program's own checkpoints (a scan
+        that checkpoints already is left as written), True replaces them by the strategy.
 
     Returns:
       A `remat.Measurement`.
@@ -292,7 +306,9 @@ def measure(
 
     Warns:
       RematWarning: when the compiled program undid the recomputation that the traced
-        program asked for (``recompute_eliminated``).
+        program asked for (``recompute_eliminated``); and when ``fn`` checkpoints already
+        and the strategy's compiled peak is above ``fn``'s as written (both figures given;
+        ``fn`` is compiled once more for it, unless it was already).
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -317,10 +333,11 @@ def measure(
     if strategy is None:
         target, plain, label = fn, None, "none"
     else:
-        from .._trace._rewrite import apply
+        from .._trace._apply import apply
 
         strategy_obj = as_strategy(strategy, "remat.measure")
-        target, plain, label = apply(fn, strategy_obj, roll=roll), fn, strategy_obj.name
+        target = apply(fn, strategy_obj, roll=roll, override=override)
+        plain, label = fn, strategy_obj.name
     _check_scalar(target, args, spec.has_aux)
 
     step = grad_step(target, spec)
@@ -386,6 +403,8 @@ def measure(
             stacklevel=2,
         )
 
+    if plain is not None:
+        _warn_if_worse(fn, args, spec, memory["peak_bytes"], plain_peak, label, name)
     seconds = time_step(compiled, args, spec, repeats) if repeats > 0 else None
     return Measurement(
         **memory,
@@ -403,3 +422,24 @@ def measure(
         plain_flops=plain_flops,
         plain_peak_bytes=plain_peak,
     )
+
+
+def _warn_if_worse(fn, args, spec, peak: int, written_peak, label: str, name: str) -> None:
+    """Warns when a strategy's peak is above that of a program that checkpoints already."""
+    sites = checkpoint_sites(jax.make_jaxpr(fn)(*args).jaxpr)
+    if not sites:
+        return
+    if written_peak is None:
+        key = _memo_key(fn, spec, args)
+        remembered = _FLOPS_MEMO.get(key) if key is not None else None
+        if remembered is None:
+            compiled = lower_step(fn, args, spec).compile()
+            remembered = (hlo_flops(compiled.as_text()), peak_bytes(compiled))
+            _remember(key, remembered)
+        written_peak = remembered[1]
+    if peak > written_peak:
+        message = _WORSE_THAN_WRITTEN.format(
+            strategy=label, name=name, written=written_peak / 2**20, peak=peak / 2**20,
+            sites="; ".join(str(s) for s in sites),
+        )  # fmt: skip
+        warnings.warn(message, RematWarning, stacklevel=3)

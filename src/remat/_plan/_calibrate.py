@@ -24,12 +24,13 @@ from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
 from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
+from .._trace._checkpoints import checkpoint_sites
 from .._trace._tag import planned_scans, rewrite
 from ._compile import compile_measure, light_peak
 from ._costmodel import ScanModel, model_scans
 from ._milp import Node, Option
 from ._options import Candidate, assemble, candidates, fixed_choice, offload_costs
-from ._result import fingerprint
+from ._result import fingerprint, scan_fingerprints
 
 _ABSTRACT = (
     "`remat.plan` got a `jax.ShapeDtypeStruct` argument; the planner traces the function with "
@@ -92,6 +93,9 @@ class Prepared:
     # (key, contribution) of the calibration points, as `_memo.Knowledge.alone` keys them.
     alone: tuple[tuple[Any, float], ...] = ()
 
+    scan_fingerprints: tuple[str, str] = ("", "")  # see `scan_fingerprints`
+    written: tuple[str, ...] = ()  # the program's own checkpoints, as `Site` texts
+
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
     """The checks `remat.measure` makes of the loss and its arguments, named for `remat.plan`:
@@ -141,6 +145,7 @@ def prepare(
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
     print_ = fingerprint(fn, *args)
+    written = tuple(str(s) for s in checkpoint_sites(jax.make_jaxpr(fn)(*args).jaxpr))
     model_seconds = time.perf_counter() - clock
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
     if devices > 1:
@@ -182,6 +187,8 @@ def prepare(
         infos=tuple(infos),
         scan_fits=scan_fits,
         alone=alone,
+        scan_fingerprints=scan_fingerprints(infos),
+        written=written,
     )
 
 

@@ -27,7 +27,7 @@ from jax.extend import core as jcore
 from .._core._dtypes import itemsize
 from .._shard._shard_counts import shard_counts
 from .._trace._rewrite import ScanInfo, _source
-from .._trace._tag import _spec, eval_tagged, flatten, is_tagged, value_name
+from .._trace._tag import _spec, eval_tagged, flatten, is_tagged, user_name, value_name
 from ._milp import Node
 
 # The FLOPs the model charges per element of a value that is not a matmul or convolution.
@@ -108,6 +108,17 @@ class Value:
     # matmul reads it (XLA fuses elementwise work into consumers, but a matmul's operands,
     # here and in the backward pass, are buffers of their own).
     fusible: bool = False
+    # The program's own `checkpoint_name` for it (on it, or on the value it is named as).
+    user_name: str | None = None
+    # Its equation's operand types (``"float32[8, 128]"``): what `remat.Plan.policy` matches
+    # on where the value has no name of the program's own.
+    operands: tuple[str, ...] = ()
+
+
+def operand_text(aval: Any) -> str:
+    """An operand's type as a plan's policy matches it: ``"float32[8, 128]"``."""
+    shape = getattr(aval, "shape", None)
+    return str(aval) if shape is None else f"{aval.dtype}{list(shape)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +198,15 @@ def model_scan(
         v for e in jaxpr.eqns if e.primitive.name in _MATMULS for v in e.invars
     }  # fmt: skip
     for j, e in enumerate(jaxpr.eqns):
+        given = user_name(e)
+        if given is not None:  # the value it names is known by this name too
+            for v in e.invars:
+                if (
+                    not isinstance(v, jcore.Literal)
+                    and v in where
+                    and values[where[v]].user_name is None
+                ):
+                    values[where[v]] = dataclasses.replace(values[where[v]], user_name=given)
         inputs = tuple(
             sorted({where[v] for v in e.invars if not isinstance(v, jcore.Literal) and v in where})
         )
@@ -214,6 +234,8 @@ def model_scan(
                     invariant=invariant,
                     source=source_of(e),
                     fusible=flops == 0 and var not in matmul_operands,
+                    user_name=given,
+                    operands=tuple(operand_text(v.aval) for v in e.invars),
                 )
             )
     needed, forced = _needed(flat, index, names, nc, nk)

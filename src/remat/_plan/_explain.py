@@ -48,8 +48,9 @@ def plan_table(plan: Any) -> Group:
                 overflow="fold",  # at any width: text wraps, numbers print whole
             )
         for v in scan.saved:
+            user = getattr(v, "user_name", None)
             table.add_row(
-                v.name,
+                v.name if user is None else f"{user} ({v.name})",
                 v.primitive,
                 f"{v.dtype}{list(v.shape)}",
                 f"{format_bytes(v.bytes)} × {v.multiplicity}",
@@ -62,9 +63,11 @@ def plan_table(plan: Any) -> Group:
         parts.append(table)
     measured = plan.measured_peak_bytes
     ratio = plan.flops_ratio
+    written = getattr(plan, "written", ())
+    baseline = "the peak as written" if written else "the un-checkpointed peak"
     lines = [
         f"budget          {format_bytes(plan.budget_bytes)} "
-        f"({plan.budget_bytes / plan.baseline_peak_bytes:.0%} of the un-checkpointed peak "
+        f"({plan.budget_bytes / plan.baseline_peak_bytes:.0%} of {baseline} "
         f"{format_bytes(plan.baseline_peak_bytes)})",
         f"predicted peak  {format_bytes(plan.predicted_peak_bytes)}"
         + (
@@ -75,7 +78,11 @@ def plan_table(plan: Any) -> Group:
         "measured peak   "
         + ("(not measured)" if measured is None else f"{format_bytes(measured)}"),
         "step FLOPs      "
-        + ("(not measured)" if ratio is None else f"{ratio:.3f}× no checkpointing (matmuls)"),
+        + (
+            "(not measured)"
+            if ratio is None
+            else f"{ratio:.3f}× {'as written' if written else 'no checkpointing'} (matmuls)"
+        ),
         f"solved in       {plan.solve_seconds:.2f} s, {plan.rounds} round(s)",
     ]
     stats = getattr(plan, "stats", None)
@@ -87,5 +94,52 @@ def plan_table(plan: Any) -> Group:
     devices = getattr(plan.measured, "num_devices", 1) if plan.measured is not None else 1
     if devices > 1:  # an SPMD program: shapes are global, bytes and peaks are one device's
         lines.append(f"per device      memory of one of {devices} devices; shapes are global")
+    if written:
+        lines.append(
+            "as written      the program checkpoints already: " + "; ".join(written)
+            + ". The plan replaces these checkpoints in the planned scans."
+        )  # fmt: skip
     parts.append(Text("\n".join(lines)))
+    if any(s.schedule == "per_step" and s.saved for s in plan.scans):
+        parts.append(Text(paste_code(plan)))
     return Group(*parts)
+
+
+def paste_code(plan: Any) -> str:
+    """The code that reproduces the plan in the user's own scan, with `plan.policy`."""
+    from ._policy import unnamed
+
+    lines = [
+        "",
+        "In your own scan: checkpoint the step with the plan's policy,",
+        "    jax.checkpoint(step, policy=plan.policy, prevent_cse=False)",
+        "    # flax: nn.remat(Block, policy=plan.policy, prevent_cse=False) inside nn.scan;",
+        "    #       nnx.remat(step, policy=plan.policy, prevent_cse=False) inside nnx.scan",
+    ]
+    named = sorted({v.user_name for s in plan.scans for v in s.saved if v.user_name})
+    if named:
+        lines.append(f"It saves your names {', '.join(map(repr, named))} by name.")
+    missing = unnamed(plan.scans)
+    if missing:
+        lines.append(
+            "These saved values have no name of yours; the policy matches them by primitive "
+            "and operand types. To match them exactly, name them where they are computed:"
+        )
+        for _, v in missing:
+            where = f"at {v.source}: " if v.source else ""
+            shape = f"{v.dtype}{list(v.shape)}"
+            lines.append(f"    {where}y = checkpoint_name(y, {v.name!r})  # {v.primitive} {shape}")
+        every = sorted({v.user_name or v.name for s in plan.scans for v in s.saved
+                        if s.schedule == "per_step" and v.primitive != "carry"})  # fmt: skip
+        lines.append(
+            "  (from jax.ad_checkpoint import checkpoint_name), and then the policy is "
+            "jax.checkpoint_policies.save_only_these_names("
+            + ", ".join(map(repr, every)) + ")."
+        )  # fmt: skip
+    others = [s.position for s in plan.scans if s.schedule not in ("per_step", "none")]
+    if others:
+        lines.append(
+            f"Scan(s) {others} run a schedule a policy cannot express: run them with "
+            "remat.scan(step, init, xs, schedule=..., policy=plan.policy)."
+        )
+    return "\n".join(lines)

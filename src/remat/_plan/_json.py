@@ -3,6 +3,7 @@ applies it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -52,7 +53,14 @@ _TOP = {
     "scans": Any,
     "measured": Measurement | None,
 }
-_OPTIONAL = {"argnums": int | tuple[int, ...], "has_aux": bool, "rolled": bool}
+_OPTIONAL = {
+    "argnums": int | tuple[int, ...],
+    "has_aux": bool,
+    "rolled": bool,
+    "scan_fingerprint": str,
+    "scan_structure": str,
+    "written": tuple[str, ...],
+}
 # Least values beyond "not negative", by field name.
 _MINIMUM = {"budget_bytes": 1, "length": 1, "multiplicity": 1, "num_devices": 1}
 _SCHEDULE_KINDS = ("per_step", "none")
@@ -98,12 +106,27 @@ def load_plan(
     """
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(got=fn))
-    data = _read(path)
-    if data.get("rolled", False):
+    plan = read_plan(path, optimizer)
+    if plan.rolled:
         fn = roll_unscanned(fn)  # the plan's positions are those of the rolled scans
     now = fingerprint(fn, *args)
-    if data["fingerprint"] != now:
-        raise ValueError(_CHANGED.format(path=path, saved=data["fingerprint"], now=now))
+    if plan.fingerprint != now:
+        raise ValueError(_CHANGED.format(path=path, saved=plan.fingerprint, now=now))
+    return dataclasses.replace(plan, fn=rewrite(fn, scan_choices(plan)))
+
+
+def scan_choices(plan: Plan) -> dict[int, ScanChoice]:
+    """What the plan asks of each scan, by position (see `remat._trace._tag.rewrite`)."""
+    return {
+        s.position: ScanChoice(names=s.names, schedule=s.schedule, offload=s.offloaded)
+        for s in plan.scans
+    }
+
+
+def read_plan(path: str | os.PathLike, optimizer: Any = None) -> Plan:
+    """The plan in ``path``, checked as `load_plan` checks it, with ``fn`` None (not applied
+    to any function yet: `remat.apply(fn, path)` applies it)."""
+    data = _read(path)
     scans = tuple(
         ScanPlan(
             position=s["position"],
@@ -117,13 +140,9 @@ def load_plan(
         )
         for s in data["scans"]
     )
-    choices = {
-        s.position: ScanChoice(names=s.names, schedule=s.schedule, offload=s.offloaded)
-        for s in scans
-    }
     argnums = data.get("argnums", 0)
     return Plan(
-        fn=rewrite(fn, choices),
+        fn=None,
         scans=scans,
         budget_bytes=int(data["budget_bytes"]),
         predicted_peak_bytes=int(data["predicted_peak_bytes"]),
@@ -137,6 +156,9 @@ def load_plan(
         has_aux=bool(data.get("has_aux", False)),
         optimizer=optimizer,
         rolled=bool(data.get("rolled", False)),
+        scan_fingerprint=data.get("scan_fingerprint", ""),
+        scan_structure=data.get("scan_structure", ""),
+        written=tuple(data.get("written", ())),
     )
 
 

@@ -31,6 +31,8 @@ class SavedValue:
     bytes: int
     multiplicity: int
     source: str | None
+    user_name: str | None = None  # the program's own `checkpoint_name` for it
+    operands: tuple[str, ...] = ()  # its equation's operand types (see `Plan.policy`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +170,8 @@ def decode(
                 bytes=v.bytes,
                 multiplicity=1 if v.invariant else copies,
                 source=v.source,
+                user_name=v.user_name,
+                operands=v.operands,
             )
             for v in values
         )

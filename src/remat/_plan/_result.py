@@ -31,7 +31,7 @@ PLAN_FORMAT = 2
 _INFEASIBLE = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the smallest peak the "
     "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
-    "un-checkpointed peak {baseline}). Raise the budget to at least {smallest}, or reduce "
+    "{baseline_name} {baseline}). Raise the budget to at least {smallest}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
 
@@ -49,12 +49,16 @@ class InfeasibleBudget(ValueError):
     Attributes:
       budget_bytes: the budget asked for, in bytes.
       smallest_peak_bytes: the smallest measured peak the planner reached.
-      baseline_peak_bytes: the un-checkpointed peak.
+      baseline_peak_bytes: the un-checkpointed peak (the peak as written, for a program
+        that checkpoints already).
     """
 
-    def __init__(self, budget: Any, budget_bytes: int, smallest: int, baseline: int):
+    def __init__(
+        self, budget: Any, budget_bytes: int, smallest: int, baseline: int, written: bool = False
+    ):
         super().__init__(
             _INFEASIBLE.format(
+                baseline_name="peak as written" if written else "un-checkpointed peak",
                 budget=budget,
                 budget_bytes=budget_bytes,
                 smallest=format_bytes(smallest),
@@ -113,6 +117,14 @@ class Plan:
         planned as written (its own scans, or nothing to checkpoint).
       stats: compiles and seconds it took (`PlanStats`; ``None`` for a loaded plan); not
         written to JSON.
+      scan_fingerprint: hash of the planned scans' bodies (equations, shapes, dtypes), which
+        does not change when the loss is written as a closure over its batch: what
+        ``remat.apply(loss_fn, plan)`` checks (see `scan_fingerprints`).
+      scan_structure: the same hash with every number left out (shapes, sizes in
+        parameters): equal for the same model at another batch size.
+      written: the program's own checkpoints (`jax.checkpoint`, ``nn.remat``) that the plan
+        replaces, with their policies and source lines; the baseline is the program as
+        written, with them.
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -130,6 +142,9 @@ class Plan:
     optimizer: Any = dataclasses.field(default=None, repr=False, compare=False)
     rolled: bool = False
     stats: PlanStats | None = dataclasses.field(default=None, compare=False, repr=False)
+    scan_fingerprint: str = ""
+    scan_structure: str = ""
+    written: tuple[str, ...] = ()
 
     @functools.cached_property
     def step(self) -> Callable[..., Any]:
@@ -147,6 +162,22 @@ class Plan:
 
         train = train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
         return jax.jit(train, donate_argnums=(0, 1))
+
+    @functools.cached_property
+    def policy(self) -> Any:
+        """A `jax.checkpoint` policy that saves what this plan saves, for your own scan.
+
+        ``jax.checkpoint(body, policy=plan.policy, prevent_cse=False)`` inside your
+        `jax.lax.scan` (or ``nn.remat(Block, policy=plan.policy)`` in ``nn.scan``, or
+        ``nnx.remat``) reproduces the plan's per-step choice. Values the program names with
+        `checkpoint_name` are matched by name, others by primitive and operand types
+        (exact when one equation of the body has them; see `remat._plan._policy`).
+        `explain` prints the code, and the ``checkpoint_name`` calls that make it exact.
+        Scans planned with a `remat.Nested` or `remat.Binomial` schedule are not covered.
+        """
+        from ._policy import plan_policy
+
+        return plan_policy(self.scans)
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -231,3 +262,27 @@ def fingerprint(fn: Callable[..., Any], *args: Any) -> str:
     text = str(jax.make_jaxpr(fn)(*args))
     text = re.sub(r"0x[0-9a-f]+", "0x", text)  # object addresses in reprs
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(re.sub(r"0x[0-9a-f]+", "0x", text).encode()).hexdigest()[:16]
+
+
+def scan_fingerprints(infos: Any) -> tuple[str, str]:
+    """Hashes of the planned scans (`remat._trace._tag.planned_scans`): with shapes, and
+    without them.
+
+    A scan's body takes what it closes over as inputs, so the hashes are the same whether
+    the loss gets its batch and dropout key as arguments or closes over them (a ``loss_fn``
+    made inside a ``train_step``); only the planned scans matter to a plan.
+    """
+    from .._trace._tag import flatten
+
+    parts = [
+        (f"{i.position} {i.reverse} {i.num_consts} {i.num_carry}", str(flatten(i.jaxpr)), i.length)
+        for i in infos
+    ]
+    exact = _hash("\n".join(f"{head} {n}\n{body}" for head, body, n in parts))
+    numbers = re.compile(r"[0-9]+")  # shapes, and sizes in parameters (``shape=(128, 256)``)
+    shapeless = _hash("\n".join(head + "\n" + numbers.sub("#", body) for head, body, _ in parts))
+    return exact, shapeless

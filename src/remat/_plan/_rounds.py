@@ -146,7 +146,9 @@ def plan_prepared(
     if best is None:
         peaks = [peak_of(k.measured) for k in know.measured.values()]
         smallest_peak = min(peaks) if peaks else prep.smallest
-        raise InfeasibleBudget(budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline))
+        raise InfeasibleBudget(
+            budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written)
+        )
     return Plan(
         fn=_rewrite(prep, best.choice),
         scans=best.choice.scans,
@@ -160,6 +162,9 @@ def plan_prepared(
         fingerprint=prep.fingerprint,
         argnums=prep.argnums,
         stats=stats,
+        scan_fingerprint=prep.scan_fingerprints[0],
+        scan_structure=prep.scan_fingerprints[1],
+        written=prep.written,
     )
 
 

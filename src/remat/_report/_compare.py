@@ -71,6 +71,7 @@ def compare(
     has_aux: bool = False,
     optimizer: object = None,
     roll: bool = True,
+    override: bool = False,
 ) -> Report:
     """Measures ``jax.value_and_grad(fn, argnums)`` under each strategy and the baseline.
 
@@ -95,6 +96,10 @@ def compare(
         `remat.measure` does with it (parameters and optimizer state donated).
       roll: roll the repeated layers of a program without scans into scans before applying
         each strategy, as `remat.apply` does; False applies them to the program as written.
+      override: `remat.apply`'s: False keeps the program's own checkpoints, True replaces
+        them by each strategy. Where the program checkpoints already, a strategy whose peak
+        is above the program's as written gets a `RematWarning` with both figures (the
+        ``"none"`` row is the program as written).
 
     Returns:
       A `remat.Report` with one row per strategy, the baseline's row first.
@@ -162,6 +167,7 @@ def compare(
                         has_aux=has_aux,
                         optimizer=optimizer,
                         roll=roll,
+                        override=override,
                     ),
                 )
             )

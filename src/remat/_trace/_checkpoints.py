@@ -9,12 +9,16 @@ whether XLA kept the recomputation the program asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 from jax.extend import core as jcore
+
+from ._jaxpr_walk import library_dirs
+from ._scan_info import _source
 
 _REMAT = ("remat2", "checkpoint", "remat")
 
@@ -200,3 +204,89 @@ def strip_checkpoints(fn: Callable[..., Any]) -> Callable[..., Any]:
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), outs)
 
     return plain
+
+
+### The program's own checkpoints
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One `jax.checkpoint` (`jax.remat`, `flax.linen.remat`, `nnx.remat`) in a traced program.
+
+    Attributes:
+      policy: the policy's readable form (``"full"`` for ``policy=None``: save nothing).
+      source: ``"file.py:line"`` of the user code that made it, ``""`` if unknown.
+    """
+
+    policy: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"checkpoint(policy={self.policy})" + (f" at {self.source}" if self.source else "")
+
+
+def _policy_text(policy: Any) -> str:
+    if policy is None:
+        return "full"
+    names = getattr(policy, "saveable_names", None)
+    if names is not None:  # save_only_these_names
+        return f"save_only_these_names({', '.join(repr(n) for n in sorted(names))})"
+    return getattr(policy, "__name__", None) or repr(policy)
+
+
+def _user_source(eqn: Any, outer: str) -> str:
+    """The equation's source line, or ``outer`` (the enclosing equation's) where every frame
+    is a library's (a `flax.linen.remat` inside `flax.linen.scan` is traced in flax)."""
+    where = _source(eqn)
+    if not where or where.startswith(library_dirs(("flax", "equinox"))):
+        return outer
+    return where.rsplit("/", 1)[-1]
+
+
+def checkpoint_sites(jaxpr: Any, outer: str = "") -> tuple[Site, ...]:
+    """The program's own checkpoints, in order of appearance, nested ones included.
+
+    A checkpoint's source line is the user's line that made it, or that of the scan (or
+    call) around it when it was traced inside a library (`flax.linen.remat` in
+    `flax.linen.scan`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._checkpoints import checkpoint_sites
+      >>> policy = jax.checkpoint_policies.save_only_these_names("h1")
+      >>> f = jax.checkpoint(jnp.sin, policy=policy)
+      >>> [s.policy for s in checkpoint_sites(jax.make_jaxpr(f)(1.0).jaxpr)]
+      ["save_only_these_names('h1')"]
+    """
+    out: list[Site] = []
+    for eqn in jaxpr.eqns:
+        where = _user_source(eqn, outer)
+        if _is_remat(eqn):
+            out.append(Site(_policy_text(eqn.params["policy"]), where))
+        for j in _sub_jaxprs(eqn.params):
+            out.extend(checkpoint_sites(j, where))
+    return tuple(dict.fromkeys(out))  # a site traced twice (a scan's two bodies) counts once
+
+
+def contains_checkpoint(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (or a sub-program of it) has a `jax.checkpoint` of its own."""
+    return _contains_remat(jaxpr)
+
+
+def checkpoint_names(jaxpr: Any) -> tuple[str, ...]:
+    """The `jax.ad_checkpoint.checkpoint_name` names the program gives its values, in order.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jax.ad_checkpoint import checkpoint_name
+      >>> from remat._trace._checkpoints import checkpoint_names
+      >>> checkpoint_names(jax.make_jaxpr(lambda x: checkpoint_name(x * 2, "h1"))(1.0).jaxpr)
+      ('h1',)
+    """
+    out: list[str] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "name":
+            out.append(eqn.params["name"])
+        for j in _sub_jaxprs(eqn.params):
+            out.extend(checkpoint_names(j))
+    return tuple(dict.fromkeys(out))

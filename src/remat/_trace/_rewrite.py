@@ -1,4 +1,4 @@
-"""Rewriting the scans of a traced program: `remat.apply`, `remat.list_scans`, `rewrite_scans`.
+"""Rewriting the scans of a traced program: `remat.list_scans`, `rewrite_scans`.
 
 A function is traced to a jaxpr (once per input structure, shapes and dtypes), and the jaxpr is
 evaluated again by a small interpreter that binds every equation as it was, except ``scan``
@@ -19,7 +19,8 @@ The reusable core, for `apply` and for the planner:
   output of every equation of ``info.jaxpr`` (the body; inputs ``consts + carry + xs``) and
   may wrap it with `jax.ad_checkpoint.checkpoint_name`; or evaluate ``info.jaxpr`` yourself. ``loop(info, body, consts,
   init, xs) -> (carry, ys)`` replaces `lax.scan` for running a rewritten scan.
-- `apply(fn, strategy)` is `rewrite_scans` with a transform that checkpoints the body.
+- `remat.apply(fn, strategy)` (`_apply.py`) is `rewrite_scans` with a transform that
+  checkpoints the body.
 
 Positions and names (defined in `_scan_info.py`). Scans are numbered 0, 1, ... in
 depth-first order of appearance. A scan's *name* is the innermost `jax.named_scope` /
@@ -41,8 +42,6 @@ mode) or they are out of this module's scope.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,10 +50,7 @@ from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
-from .._core._strategy import Strategy, as_strategy, resolve_policy
-from .._core._warnings import RematWarning
-from ._roll_explain import explain_no_roll
-from ._roll_rewrite import roll_unscanned, rolled_scans
+from ._roll_rewrite import rolled_scans
 from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs
 from ._scan_info import _source as _source  # imported from here by `_costmodel`
 from ._state import has_nodes, lift, merged
@@ -139,6 +135,10 @@ class _Interpreter:
     transform: Transform
     loop: Loop
     memo: dict[int, int]
+    # The program's own checkpoints: "rewrite" rebuilds them around their rewritten scans,
+    # "keep" binds them as they are (their scans untouched: `apply`'s default), "inline"
+    # removes them (`apply(..., override=True)`).
+    checkpoints: str = "rewrite"
 
     def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel, tag=None) -> list[Any]:
         env: dict[Any, Any] = {}
@@ -173,6 +173,11 @@ class _Interpreter:
         subs = sub_jaxprs(eqn)
         if prim is _P.scan_p:
             return self.eval_scan(eqn, invals, base, path, rel)
+        if prim is _P.remat_p and self.checkpoints == "inline":
+            inner_path, inner_rel = inner_scope(eqn, path, rel)
+            return self.eval(params["jaxpr"], (), invals, base, inner_path, inner_rel)
+        if prim is _P.remat_p and self.checkpoints == "keep":
+            return prim.bind(*invals, **prim.get_bind_params(params))
         if not subs or not any(count(j, self.memo) for j in subs):
             return prim.bind(*invals, **prim.get_bind_params(params))
         inner_path, inner_rel = inner_scope(eqn, path, rel)
@@ -261,168 +266,3 @@ def rewrite_scans(
         return evaluate
 
     return _rewritten(fn, evaluator)
-
-
-### apply
-
-_NO_SCAN = (
-    "`remat.apply` found no `scan` in {name}, so strategy {strategy!r} is applied to the whole "
-    "function. This rarely saves memory: the backward pass needs the recomputed values all at "
-    "once, and on the CPU backend XLA removes a checkpoint outside a loop altogether. Put the "
-    "layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) to checkpoint per layer."
-)
-_NOT_ROLLED = " Nothing could be rolled into a scan: {why}."
-_NO_MATCH = (
-    "`remat.apply` got Strategy(scans={scans!r}), but {missing!r} matches no scan of {name}. "
-    "Its scans are: {listing}. Use `remat.list_scans(fn, *args)` to list them, and select by "
-    "position (int) or by name (str)."
-)
-
-
-def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
-    if strategy.scans is None:
-        return lambda info: True
-    for s in strategy.scans:
-        if isinstance(s, int):
-            ok = 0 <= s < len(scans)
-        else:
-            ok = any(s in (i.name, "/".join(i.path)) for i in scans)
-        if not ok:
-            listing = ", ".join(f"{i.position}: {i.name or '(no name)'}" for i in scans)
-            raise ValueError(
-                _NO_MATCH.format(
-                    scans=strategy.scans, missing=s, name=name, listing=listing or "none"
-                )
-            )
-    wanted = set(strategy.scans)
-    return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
-
-
-def apply(
-    fn: Callable[..., Any] | None = None,
-    strategy: Any = None,
-    *,
-    has_aux: bool = False,
-    roll: bool = True,
-) -> Callable[..., Any]:
-    """Returns ``fn`` with the bodies of its scans checkpointed by ``strategy``.
-
-    ``fn`` is traced to a jaxpr (once per input structure, shapes and dtypes) and every
-    ``scan`` in it (or those ``Strategy.scans`` selects, by position or name; see
-    `remat.list_scans`) runs its body under ``jax.checkpoint(body, policy=...,
-    prevent_cse=False)``: `lax.scan` already keeps XLA from merging the recomputation with
-    the forward pass, so the CSE barrier is not needed inside a scan (as `jax.checkpoint`'s
-    documentation recommends). A `Strategy` with a schedule other than ``"per_step"`` runs
-    the scan with `remat.scan` (``"none"``: a plain `lax.scan`). A program without any scan
-    gets the policy on the whole function (``prevent_cse=True``), with a `RematWarning`.
-
-    With ``roll=True`` (the default), a program without any scan whose layers repeat (a
-    Python loop over a list of layers, in linen, nnx, Equinox or plain JAX) is rolled first:
-    each run of identical layers becomes a `lax.scan` over the per-layer inputs stacked
-    inside the step (see `remat.list_scans` and docs/rolling.md for what stacking costs),
-    and the strategy applies to it like to any scan. A program with scans is left as it
-    is. When nothing can be rolled, the warning says why in one line.
-
-    Args:
-      fn: the function; pytree arguments, keyword arguments and pytree outputs.
-      strategy: a strategy string (``"none"``, ``"full"``, ``"dots"``, ``"dots_no_batch"``,
-        ``"everything"``, ``"names:a,b"``, ``"offload:a,b"``), a policy callable, or a
-        `remat.Strategy`. ``"none"`` leaves the scans as they are; None means ``"full"``,
-        as ``policy=None`` does in `jax.checkpoint`. Without ``fn``,
-        ``remat.apply(strategy=...)`` is a decorator.
-      has_aux: ``fn`` returns ``(loss, aux)``. The rewrite keeps any output structure, so
-        this changes nothing: the rewritten function returns what ``fn`` returns, ready for
-        ``jax.value_and_grad(..., has_aux=True)``. Accepted for symmetry with `remat.measure`
-        and `remat.plan`.
-      roll: roll repeated layers of a program without scans into scans first (see above);
-        False checkpoints the program as written.
-
-    Returns:
-      A function with ``fn``'s signature and output structure, whose values and gradients
-      equal ``fn``'s; it works under `jax.jit`, `jax.grad` and `jax.vmap`.
-
-    Raises:
-      TypeError: if ``fn`` is not callable.
-      ValueError: for an unknown strategy, or (when called) a ``Strategy.scans`` entry that
-        matches no scan.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, remat
-      >>> def loss(ws, x):
-      ...     x, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
-      ...     return x.sum()
-      >>> ws, x = jnp.ones((4, 3, 3)) * 0.1, jnp.ones(3)
-      >>> g = jax.grad(remat.apply(loss, "full"))(ws, x)
-      >>> bool(jnp.allclose(g, jax.grad(loss)(ws, x)))
-      True
-    """
-    if not isinstance(has_aux, bool):
-        raise TypeError(f"`remat.apply` got has_aux={has_aux!r}; pass True or False.")
-    if fn is None:
-        as_strategy(strategy, "remat.apply")  # validate now, not when decorating
-        return functools.partial(apply, strategy=strategy, has_aux=has_aux, roll=roll)
-    if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
-    strategy = as_strategy(strategy, "remat.apply")
-    policy = resolve_policy(strategy.policy, "remat.apply")
-    schedule = strategy.schedule
-    name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
-    if schedule == "none" or (policy is None and schedule == "per_step"):
-        return fn  # plain scans, no checkpoint: nothing to rewrite
-    traced_fn = roll_unscanned(fn) if roll else fn
-
-    def transform_for(select):
-        def transform(info: ScanInfo, body: Body) -> Body | None:
-            if not select(info):
-                return None
-            if schedule != "per_step":
-                return body  # the schedule's loop checkpoints it (see `loop`)
-            return jax.checkpoint(body, policy=policy, prevent_cse=False)
-
-        def loop(info, body, consts, init, xs):
-            if not select(info) or schedule == "per_step":
-                return lax_loop(info, body, consts, init, xs)
-            from .._scan._scan import scan  # imported when first needed
-
-            def step(carry, x):
-                new, ys = body(consts, carry, x)
-                return type(carry)(new), ys  # the same sequence type as handed in
-
-            return scan(
-                step,
-                list(init),
-                list(xs),
-                length=info.length,
-                reverse=info.reverse,
-                schedule=schedule,
-                policy=strategy.policy,
-            )
-
-        return transform, loop
-
-    def evaluator(traced: _Traced):
-        closed = traced.jaxpr
-        select = _selector(strategy, traced.scans, name)  # raises for a selection of nothing
-        if not traced.scans:
-            interp = _Interpreter(lambda info, body: None, lax_loop, {})
-
-            def whole(*dynamic):
-                return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
-
-            if policy is None:  # a schedule without a per-step policy: nothing to apply
-                return whole
-            # Warned once per input structure, when `fn2` first sees it.
-            message = _NO_SCAN.format(name=name, strategy=strategy)
-            if roll:
-                message += _NOT_ROLLED.format(why=explain_no_roll(closed))
-            warnings.warn(message, RematWarning, stacklevel=4)
-            return jax.checkpoint(whole, policy=policy, prevent_cse=True)
-        transform, loop = transform_for(select)
-
-        def evaluate(*dynamic):
-            interp = _Interpreter(transform, loop, {})
-            return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
-
-        return evaluate
-
-    return _rewritten(traced_fn, evaluator)

@@ -25,8 +25,17 @@ from jax.extend import core as jcore
 from .._core._schedule import Binomial
 from ._rewrite import ScanInfo, _count, lax_loop, list_scans, rewrite_scans
 
-# Call primitives whose bodies are inlined, so the values inside them can be named.
-_INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
+# Call primitives whose bodies are inlined, so the values inside them can be named. The
+# program's own checkpoints (`jax.checkpoint`, `nn.remat`, `nnx.remat`) are inlined too: the
+# planner decides what the whole body saves, against the program as written (its baseline).
+_INLINE = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "checkpoint": "jaxpr",
+    "remat2": "jaxpr",
+}
 
 
 def value_name(scan: int, eqn: int, out: int, nouts: int) -> str:
@@ -57,7 +66,7 @@ def _eval_inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> lis
     for eqn in jaxpr.eqns:
         invals = [_read(env, v) for v in eqn.invars]
         key = _INLINE.get(eqn.primitive.name)
-        if key is not None and key in eqn.params:
+        if key is not None and key in eqn.params and (key != "jaxpr" or _inlined(eqn)):
             inner = eqn.params[key]
             inner_consts = inner.consts if hasattr(inner, "consts") else ()
             inner = inner.jaxpr if hasattr(inner, "jaxpr") else inner
@@ -66,6 +75,16 @@ def _eval_inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> lis
             outs = _bind(eqn, invals)
         env.update(zip(eqn.outvars, outs, strict=True))
     return [_read(env, v) for v in jaxpr.outvars]
+
+
+def _inlined(eqn: Any) -> bool:
+    """A call whose ``jaxpr`` parameter is its body: a jit, or a checkpoint (with a policy)."""
+    return eqn.primitive.name in ("jit", "pjit") or "policy" in eqn.params
+
+
+def user_name(eqn: Any) -> str | None:
+    """The program's own `checkpoint_name` of an equation's output (a ``name`` equation)."""
+    return eqn.params.get("name") if eqn.primitive.name == "name" else None
 
 
 def _spec(aval: Any) -> jax.ShapeDtypeStruct:
@@ -130,9 +149,9 @@ class ScanChoice:
         )
 
 
-def planned_scans(fn: Callable, *args: Any) -> list[ScanInfo]:
+def planned_scans(fn: Callable, *args: Any, **kwargs: Any) -> list[ScanInfo]:
     """The scans the planner plans: those not inside another scan's body."""
-    scans = list_scans(fn, *args, roll=False)  # the program as given: `plan` rolls first
+    scans = list_scans(fn, *args, roll=False, **kwargs)  # as given: `plan` rolls first
     out, skip_until = [], -1
     for info in scans:
         if info.position <= skip_until:

@@ -1,0 +1,86 @@
+"""`Plan.policy`: a `jax.checkpoint` policy that saves what a plan saves, for the user's own
+scan (``jax.checkpoint(body, policy=plan.policy)``, ``nn.remat``, ``nnx.remat``).
+
+The planner names the values of a scan body by position (``remat_s0_e14``, see
+`remat._trace._tag`), names the user's code never contains. So the policy matches a saved
+value in one of two ways:
+
+- **by name**: a value the program names with `jax.ad_checkpoint.checkpoint_name` is matched
+  by the program's own name (``"h1"``); the planner's name is matched too, for a
+  ``checkpoint_name`` the user adds where `Plan.explain` says to;
+- **by operation**: any other saved value is matched by its primitive and its operands'
+  types (``dot_general`` of ``float32[1024, 128]`` and ``float32[128, 512]``). This is exact
+  when the body has one equation of that kind, and saves more than the plan otherwise (every
+  equation with that primitive and those operand types is saved). Adding the names
+  `Plan.explain` suggests, and using ``save_only_these_names`` with them, makes it exact.
+
+Scans the plan runs with a `remat.Nested` or `remat.Binomial` schedule are not described by
+a policy (the schedule is the loop, not what a step saves); their values are left out, and
+`Plan.explain` says to run such a scan with `remat.scan(..., schedule=...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ._costmodel import operand_text
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanPolicy:
+    """A `jax.checkpoint` policy saving a plan's values (see the module docstring).
+
+    Attributes:
+      names: `checkpoint_name` names whose values are saved.
+      operations: ``(primitive, operand types)`` whose outputs are saved.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._plan._policy import PlanPolicy
+      >>> policy = PlanPolicy(names=frozenset(), operations=frozenset(
+      ...     {("dot_general", ("float32[4, 8]", "float32[8, 8]"))}))
+      >>> from jax._src.ad_checkpoint import saved_residuals
+      >>> f = jax.checkpoint(lambda x, w: jnp.sin(x @ w).sum(), policy=policy)
+      >>> [r.shape for r, _ in saved_residuals(f, jnp.ones((4, 8)), jnp.ones((8, 8)))]
+      [(4, 8), (8, 8), (4, 8)]
+    """
+
+    names: frozenset[str]
+    operations: frozenset[tuple[str, tuple[str, ...]]]
+
+    def __call__(self, prim: Any, *avals: Any, **params: Any) -> bool:
+        if prim.name == "name":
+            return params.get("name") in self.names
+        if not self.operations:
+            return False
+        return (prim.name, tuple(operand_text(a) for a in avals)) in self.operations
+
+
+def plan_policy(scans: Any) -> PlanPolicy:
+    """The policy saving what the ``per_step`` scans of a plan save."""
+    names: set[str] = set()
+    operations: set[tuple[str, tuple[str, ...]]] = set()
+    for scan in scans:
+        if scan.schedule != "per_step":
+            continue
+        for v in scan.saved:
+            if v.primitive == "carry":
+                continue  # a scan's carries are its inputs: always there
+            names.add(v.name)
+            if v.user_name is not None:
+                names.add(v.user_name)
+            elif v.operands:
+                operations.add((v.primitive, tuple(v.operands)))
+    return PlanPolicy(frozenset(names), frozenset(operations))
+
+
+def unnamed(scans: Any) -> list[tuple[int, Any]]:
+    """``(scan position, saved value)`` for each value the policy matches by operation."""
+    return [
+        (scan.position, v)
+        for scan in scans
+        if scan.schedule == "per_step"
+        for v in scan.saved
+        if v.primitive != "carry" and v.user_name is None
+    ]

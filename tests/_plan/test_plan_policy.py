@@ -1,0 +1,211 @@
+"""Plans against programs that checkpoint already, and `Plan.policy` taken home.
+
+The planner's baseline is the program as written (its own checkpoints included), and its
+explanation says so in the user's names and lines. `Plan.policy` in the user's own scan
+(``jax.checkpoint``, ``nn.remat`` in ``nn.scan``, ``nnx.remat`` in ``nnx.scan``) gives the
+plan's compiled peak within 2% and the plan's gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import remat
+from conftest import assert_tree_allclose
+from remat._measure._peak import peak_bytes
+
+L, B, D, H = 4, 128, 32, 128
+
+
+def peak(fn, *args):
+    return peak_bytes(jax.jit(jax.value_and_grad(fn)).lower(*args).compile())
+
+
+def linen_loss(policy=None, remat_block=False):
+    """A linen stack; with ``remat_block`` each block is ``nn.remat(Block, policy=policy)``."""
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            h1 = checkpoint_name(nn.gelu(nn.Dense(H)(x)), "h1")
+            h2 = nn.gelu(nn.Dense(H)(h1))
+            return x + nn.Dense(D)(h2), None
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            block = nn.remat(Block, policy=policy, prevent_cse=False) if remat_block else Block
+            stack = nn.scan(
+                block, variable_axes={"params": 0}, split_rngs={"params": True}, length=L
+            )
+            x, _ = stack(name="layers")(x, None)
+            return nn.Dense(1, name="head")(x)
+
+    model = Model()
+
+    def loss(params, x):
+        return jnp.mean(model.apply(params, x) ** 2)
+
+    return loss, model
+
+
+@functools.cache
+def linen_args():
+    _, model = linen_loss()
+    x = jnp.ones((B, D))
+    return model.init(jax.random.key(0), x), x
+
+
+def plain_step(c, w):
+    h = jnp.tanh(c @ w["w1"])
+    return c + jnp.tanh(h @ w["w2"]) @ w["w3"], None
+
+
+@functools.cache
+def plain_args():
+    k = jax.random.split(jax.random.key(1), 3)
+    ws = {
+        "w1": jax.random.normal(k[0], (L, D, H)) * 0.1,
+        "w2": jax.random.normal(k[1], (L, H, H)) * 0.1,
+        "w3": jax.random.normal(k[2], (L, H, D)) * 0.1,
+    }
+    return ws, jnp.ones((B, D))
+
+
+def plain_loss(policy=None, checkpointed=False):
+    def loss(ws, x):
+        step = jax.checkpoint(plain_step, policy=policy, prevent_cse=False)
+        return jnp.sum(jax.lax.scan(step if checkpointed else plain_step, x, ws)[0] ** 2)
+
+    return loss
+
+
+@functools.cache
+def nnx_parts():
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.a = nnx.Linear(D, H, rngs=rngs)
+            self.b = nnx.Linear(H, H, rngs=rngs)
+            self.c = nnx.Linear(H, D, rngs=rngs)
+
+        def __call__(self, h):
+            return h + self.c(jnp.tanh(self.b(jnp.tanh(self.a(h)))))
+
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def make(key):
+        return Block(nnx.Rngs(key))
+
+    graphdef, state = nnx.split(make(jax.random.split(jax.random.key(2), L)))
+    return graphdef, state
+
+
+def nnx_loss(policy=None, checkpointed=False):
+    from flax import nnx
+
+    graphdef, _ = nnx_parts()
+
+    def loss(state, x):
+        blocks = nnx.merge(graphdef, state)
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def run(h, block):
+            if checkpointed:
+                return nnx.remat(lambda b, h: b(h), policy=policy, prevent_cse=False)(block, h)
+            return block(h)
+
+        return jnp.sum(run(x, blocks) ** 2)
+
+    return loss
+
+
+### The program as written
+
+
+def test_the_plan_is_measured_against_the_program_as_written():
+    h1 = jax.checkpoint_policies.save_only_these_names("h1")
+    loss, _ = linen_loss(h1, remat_block=True)
+    params, x = linen_args()
+    plan = remat.plan(loss, params, x, budget="90%")
+    assert plan.baseline_peak_bytes == peak(loss, params, x)  # as written, not stripped
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    assert_tree_allclose(
+        jax.value_and_grad(plan.fn)(params, x), jax.value_and_grad(loss)(params, x)
+    )
+    (site,) = plan.written
+    assert "save_only_these_names('h1')" in site and "test_plan_policy.py:" in site
+    text = plan.explain(width=200)
+    assert "of the peak as written" in text and "as written (matmuls)" in text
+    assert "un-checkpointed" not in text
+    with pytest.raises(remat.InfeasibleBudget, match="of the peak as written"):
+        remat.plan(loss, params, x, budget=1024)
+
+
+def test_explain_speaks_in_the_users_names():
+    loss, _ = linen_loss()
+    params, x = linen_args()
+    plan = remat.plan(loss, params, x, budget="60%", schedules=False)
+    saved = [v for s in plan.scans for v in s.saved if v.primitive != "carry"]
+    assert saved, "the plan should save something at this budget"
+    text = plan.explain(width=200)
+    for v in saved:
+        if v.user_name is not None:  # the user's name first, the planner's beside it
+            assert f"{v.user_name} ({v.name})" in text
+        else:  # the line to add it on, and the name to give it
+            assert f"checkpoint_name(y, {v.name!r})" in text
+            assert f"at {v.source}:" in text
+    assert "policy=plan.policy" in text
+
+
+### Plan.policy in the user's own scan
+
+
+@pytest.mark.parametrize("budget", ["80%", "60%"])
+def test_policy_in_a_plain_scan(budget):
+    args = plain_args()
+    plan = remat.plan(plain_loss(), *args, budget=budget, schedules=False)
+    mine = plain_loss(plan.policy, checkpointed=True)
+    planned, own = peak(plan.fn, *args), peak(mine, *args)
+    assert abs(own - planned) <= 0.02 * planned, (own, planned)
+    assert own < peak(plain_loss(), *args)
+    assert_tree_allclose(jax.grad(mine)(*args), jax.grad(plan.fn)(*args))
+
+
+def test_policy_in_linen_remat():
+    loss, _ = linen_loss()
+    args = linen_args()
+    plan = remat.plan(loss, *args, budget="60%", schedules=False)
+    assert plan.policy.names or plan.policy.operations  # it saves something
+    mine, _ = linen_loss(plan.policy, remat_block=True)
+    planned, own = peak(plan.fn, *args), peak(mine, *args)
+    assert abs(own - planned) <= 0.02 * planned, (own, planned)
+    assert_tree_allclose(jax.grad(mine)(*args), jax.grad(plan.fn)(*args))
+
+
+def test_policy_in_nnx_remat():
+    _, state = nnx_parts()
+    args = (state, jnp.ones((B, D)))
+    plan = remat.plan(nnx_loss(), *args, budget="60%", schedules=False)
+    mine = nnx_loss(plan.policy, checkpointed=True)
+    planned, own = peak(plan.fn, *args), peak(mine, *args)
+    assert abs(own - planned) <= 0.02 * planned, (own, planned)
+    assert_tree_allclose(jax.grad(mine)(*args), jax.grad(plan.fn)(*args))
+
+
+def test_policy_is_hashable_survives_json_and_names_beat_operations(tmp_path):
+    args = plain_args()
+    plan = remat.plan(plain_loss(), *args, budget="70%", schedules=False)
+    hash(plan.policy)
+    loaded = remat.load_plan(plan.to_json(tmp_path / "p.json"), plain_loss(), *args)
+    assert loaded.policy == plan.policy
+    assert loaded.scan_fingerprint == plan.scan_fingerprint
+    # with the suggested names added, `save_only_these_names` saves the same values
+    names = sorted(v.name for s in plan.scans for v in s.saved if v.primitive != "carry")
+    assert set(names) <= plan.policy.names
