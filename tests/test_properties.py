@@ -195,8 +195,9 @@ def test_plans_fit_or_raise_infeasible(stack, budget):
     assert_tree_allclose(got, expected, scale=SCALE[dtype])
 
 
-# what differs between two runs of the same plan: timings, and the checksum that covers them
-_TIMINGS = {"solve_seconds", "compile_seconds", "seconds", "checksum"}
+# what differs between two runs of the same plan: timings, the rounds it took (a second call
+# starts from what the first learned about the program), and the checksum that covers them
+_TIMINGS = {"solve_seconds", "compile_seconds", "seconds", "rounds", "checksum"}
 
 
 def _without_timings(data):
@@ -221,3 +222,4 @@ def test_same_program_and_budget_give_the_same_plan():
     second = remat.plan(loss, ws, x, budget="90%")
     assert first.scans == second.scans
     assert _without_timings(first.to_dict()) == _without_timings(second.to_dict())
+    assert second.rounds <= first.rounds  # the second call knows the first's compiled plans
