@@ -94,40 +94,29 @@ class GPT(nn.Module):
             "pos_embed", nn.initializers.normal(0.02), (self.seq, self.d_model), self.dtype
         )
         x = embed(tokens) + pos[: tokens.shape[1]]
+        x = self.stack(x)
+        x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.dtype, name="ln_final")(x)
+        return embed.attend(x)
+
+    def stack(self, x: jax.Array) -> jax.Array:
+        """The `Block`s, as one ``nn.scan`` over stacked parameters (``blocks``)."""
         blocks = nn.scan(
             Block,
             variable_axes={"params": 0},
             split_rngs={"params": True},
             length=self.layers,
         )(self.d_model, self.heads, self.dtype, name="blocks")
-        x, _ = blocks(x, None)
-        x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.dtype, name="ln_final")(x)
-        return embed.attend(x)
+        return blocks(x, None)[0]
 
 
-class UnrolledGPT(nn.Module):
+class UnrolledGPT(GPT):
     """`GPT` with its `Block`s called one after the other in a Python loop."""
 
-    layers: int
-    d_model: int
-    heads: int
-    vocab: int
-    seq: int
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        embed = nn.Embed(
-            self.vocab, self.d_model, dtype=self.dtype, param_dtype=self.dtype, name="embed"
-        )
-        pos = self.param(
-            "pos_embed", nn.initializers.normal(0.02), (self.seq, self.d_model), self.dtype
-        )
-        x = embed(tokens) + pos[: tokens.shape[1]]
+    def stack(self, x: jax.Array) -> jax.Array:
+        """The `Block`s in a Python loop, with parameters ``block_0``, ``block_1``, ..."""
         for i in range(self.layers):
             x, _ = Block(self.d_model, self.heads, self.dtype, name=f"block_{i}")(x, None)
-        x = nn.LayerNorm(dtype=self.dtype, param_dtype=self.dtype, name="ln_final")(x)
-        return embed.attend(x)
+        return x
 
 
 def _cross_entropy(model: nn.Module) -> Callable[..., jax.Array]:
