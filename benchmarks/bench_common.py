@@ -127,16 +127,21 @@ def time_jax_step(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> 
 ### Reporting
 
 
-def machine_line(extra: str = "") -> str:
-    """The machine, the library versions and the load average (other jobs share the cores)."""
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what `platform` says."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return cpu
+
+
+def machine_line(extra: str = "") -> str:
+    """The machine, the library versions and the load average (other jobs share the cores)."""
+    cpu = cpu_name()
     load = os.getloadavg()
     return (
         f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, "

@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 import remat
+from bench_common import cpu_name
 from remat._core._io import replace_section
 
 CARRIES = {"small": (1, 64), "large": (32, 64)}  # carry shape (rows, width)
@@ -148,16 +149,8 @@ def time_round_robin(compiled: dict, repeats: int) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return (
-        f"{cpu}, {os.cpu_count()} CPUs visible, {jax.devices()[0].platform} backend; "
+        f"{cpu_name()}, {os.cpu_count()} CPUs visible, {jax.devices()[0].platform} backend; "
         f"jax {jax.__version__}, Python {platform.python_version()}"
     )
 

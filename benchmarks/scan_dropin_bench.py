@@ -27,11 +27,12 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from remat._io import replace_section
 from rich.console import Console
 from rich.table import Table
 
 import remat
+from bench_common import cpu_name
+from remat._core._io import replace_section
 
 WIDTH = 64
 STEPS = (64, 1024, 8192)
@@ -85,16 +86,8 @@ def time_round_robin(compiled: dict, repeats: int) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return (
-        f"{cpu}, {os.cpu_count()} CPUs visible, {jax.devices()[0].platform} backend; "
+        f"{cpu_name()}, {os.cpu_count()} CPUs visible, {jax.devices()[0].platform} backend; "
         f"jax {jax.__version__}, Python {platform.python_version()}"
     )
 
