@@ -133,7 +133,8 @@ def test_predictions_within_5_percent_on_unseen_programs(name):
         except remat.InfeasibleBudget:
             continue  # below what this program can reach (the MLP stack: about 45%)
         planned += 1
-        assert p.stats.step_compiles <= (3 if k == 0 else 2), (name, fraction)
+        # A program planned before: one compile of the step (its plan fits).
+        assert p.stats.step_compiles <= (3 if k == 0 else 1), (name, fraction)
         measured = p.measured_peak_bytes
         assert measured <= p.budget_bytes
         assert abs(p.predicted_peak_bytes - measured) <= 0.05 * measured, (name, fraction)

@@ -320,7 +320,7 @@ def test_schedules_are_charged_what_they_keep_alone():
         stored, sliced, transient = _rounds.scan_terms(prep, solution, o)
         charged = _rounds.charge(cand.option, know.option_extra[o], prep.stored, prep.weight)
         own = stored - cand.option.bytes
-        model = fit.fixed + fit.length * fit.per_step + prep.stored * (own + charged.bytes)
+        model = fit.fixed + prep.stored * (own + charged.bytes)
         model += prep.slice * sliced + prep.weight * max(transient, charged.transient)
         b = prep.baseline
         outside = b.argument_bytes + b.output_bytes - b.alias_bytes  # the step's own

@@ -5,7 +5,7 @@ kilobytes on the stacks measured (demo GPT at 4 and 8 layers, ten save sets each
 whether the scan is compiled inside the step or on its own; and it grows by the same bytes per
 step whatever the length (the loop body is compiled once, so a 2-step scan compiles in about
 the time of a 100-step one, but the program is the scan alone: no embeddings, loss or other
-scans). So the planner calibrates on scan-alone programs of 2 and 3 steps and extrapolates to
+scans). So the planner calibrates on scan-alone programs of 2 steps and extrapolates to
 the scan's length (`_calibrate`), and checks each candidate the same way before compiling the
 whole step (`_rounds`).
 

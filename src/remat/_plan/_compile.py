@@ -111,10 +111,14 @@ def compile_measure(
     argnums: Any,
     label: str,
     baseline: Measurement | None,
-) -> Measurement:
+    meanwhile: Callable[[], Any] | None = None,
+) -> Any:
     """`remat.measure`'s numbers for ``fn`` from a single compile of its gradient step.
 
     ``argnums`` may be a `remat._measure._step.Step` (aux outputs, an optimizer's step).
+    ``meanwhile`` is called on this thread while XLA compiles the step (e.g. other, smaller
+    programs lowered and compiled beside it); with it, ``(measurement, its result)`` is
+    returned.
 
     Memory and FLOPs are read as `remat.measure` reads them; ``forward_flops`` is the traced
     matmul count (checkpointing does not change the forward pass), and the recomputation is
@@ -130,6 +134,7 @@ def compile_measure(
     # XLA compiles outside the GIL: the residuals are traced meanwhile.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(_timed_compile, lowered)
+        beside = meanwhile() if meanwhile is not None else None
         residuals = saved_residuals(
             loss_of(fn, as_step(argnums)), *args, argnums=argnums_of(argnums)
         )
@@ -140,7 +145,7 @@ def compile_measure(
         compiled, seconds = pending.result()
     flops = hlo_flops(compiled.as_text())
     requested = baseline is not None
-    return Measurement(
+    measurement = Measurement(
         **measure_compiled(compiled),
         residuals=residuals,
         residual_bytes=sum(r.total_bytes for r in residuals),
@@ -155,6 +160,7 @@ def compile_measure(
         num_devices=num_devices(compiled),
         plain_flops=None if baseline is None else baseline.flops,
     )
+    return measurement if meanwhile is None else (measurement, beside)
 
 
 def light_peak(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> int:

@@ -4,9 +4,8 @@ Planning the same program again at another budget (or `plan_budgets`) reuses the
 models, the un-checkpointed step, the calibration on scan-alone programs, every candidate
 checked alone, the charges of `remat.Nested` and `remat.Binomial` options, the memory outside
 the scans that the first verified plan showed, and every plan compiled so far; so it compiles
-the whole step once more (twice when the first plan verified recomputes more than the model
-predicted), and a plan it has already compiled is never beaten by a
-worse one. A few programs are kept (`KEEP`), the most recently used.
+the whole step once more (twice only when the plan it compiles measures over the budget),
+and a plan it has already compiled is never beaten by a worse one. A few programs are kept (`KEEP`), the most recently used.
 """
 
 from __future__ import annotations

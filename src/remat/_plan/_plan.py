@@ -117,8 +117,8 @@ def plan(
 
     What is learned about a program (the baseline, the calibration, every plan compiled) is
     kept in memory by its fingerprint: planning it again at another budget compiles the
-    whole step once more (twice when the first plan verified recomputes more than the model
-    predicted), and never returns a plan worse than one compiled before.
+    whole step once more (twice only when the plan it compiles measures over the budget),
+    and never returns a plan worse than one compiled before.
 
     For arguments sharded over a mesh (or a ``jax.jit`` with ``in_shardings``), the budget
     and every memory number are per device, as XLA's memory analysis of the SPMD program.

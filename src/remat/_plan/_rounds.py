@@ -1,10 +1,13 @@
 """The planner's solve-and-measure rounds, for one budget.
 
 A round solves the integer program, checks the candidate on each of its scans compiled alone
-(cheap: `check_alone`), and, once that predicts a fit, compiles the whole step and measures
-it. The first verified plan of a program also measures what the scan-alone programs do not
-see (the memory outside the scans); a second round runs only when the plan was over the
-budget or when the corrected model offers a cheaper plan. Then every plan compiled for the
+(cheap: `check_alone`), and, once that predicts a fit, looks for cheaper candidates the linear
+model put a little over the budget (`_cheaper_candidate`, also checked alone); the cheapest
+predicted to fit is compiled whole and measured. The first verified plan of a program also
+measures what the scan-alone programs do not see (the memory outside the scans); a second
+round runs only when the plan was over the budget, or, for the first plan of a program, when
+the corrected model offers a cheaper plan. A program planned before knows that memory, and
+its first candidate that fits ends the rounds (one compile of the step). Then every plan compiled for the
 program so far competes (`_memo.Knowledge.measured`): the one with the fewest FLOPs that fits
 is returned, the smaller peak among equals.
 """
@@ -12,6 +15,7 @@ is returned, the smaller peak among equals.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -36,6 +40,10 @@ RELAX = (0.0, 0.04, 0.08)
 # was measured on another plan, and a calibration point (e.g. every step recomputed) can sit
 # exactly at the budget.
 BAND = 0.02
+# A candidate the model puts this far under the budget is compiled whole at once, and checked
+# on its scans alone beside that compile (`_ample`): the model's error on the programs
+# measured is within 6%.
+SLACK = 0.10
 
 
 def plan_prepared(
@@ -60,6 +68,10 @@ def plan_prepared(
     checks = 0
     pending: tuple[Solution, Choice] | None = None
     excluded: list[Solution] = []
+    # Once a plan of the program is verified, its memory outside the scans is known and the
+    # scan-alone checks predict the step: a candidate that fits ends the rounds.
+    calibrated = know.margin is not None
+    searched = False  # cheaper candidates looked for (`_cheaper_candidate`)
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
@@ -73,6 +85,7 @@ def plan_prepared(
             solution = solve(prep.nodes, budget_bytes, options=options,
                              fixed_bytes=prep.base + margin + tight, exclude=excluded,
                              **weights)  # fmt: skip
+        looked = pending is not None  # a cheaper candidate, found on the scans alone
         pending = None
         smallest = solution is None
         if smallest:  # nothing fits the model: the least memory it knows
@@ -96,7 +109,19 @@ def plan_prepared(
             checks += 1  # compiled before and over: exclude it without a round
             excluded.append(solution)
             continue
-        if known is None:
+        if known is None and _ample(prep, know, solution, choice, budget_bytes, margin + tight):
+            # Far under the budget by the model: checked alone while the step compiles (the
+            # check gives the memory outside the scans, not the decision).
+            say(f"verifying round {rounds + 1}: compiling the step")
+            beside = functools.partial(check_alone, prep, know, solution, choice)
+            measured, (alone, _) = compile_measure(
+                _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline,
+                meanwhile=beside,
+            )  # fmt: skip
+            predicted = int(alone + margin)
+            know.margin = peak_of(measured) - alone
+            know.measured[key] = Known(choice, measured, predicted, alone)
+        elif known is None:
             say(f"checking a candidate on its scans alone (round {rounds + 1})")
             alone, recharged = check_alone(prep, know, solution, choice)
             predicted = int(alone + margin)
@@ -111,6 +136,17 @@ def plan_prepared(
                     continue
                 if _best(prep, know, budget_bytes) is not None:
                     break  # predicted over, and a plan that fits is known: no round for it
+            if not smallest and not looked:  # the step is compiled once per candidate
+                searched = True
+                say("looking for a cheaper plan on the scans alone")
+                found = _cheaper_candidate(prep, know, budget_bytes, options, tight,
+                                           [*excluded, solution],
+                                           prep.baseline.flops + choice.flops,
+                                           0.0 if calibrated else BAND)  # fmt: skip
+                if found is not None:
+                    solution, choice, alone = found
+                    key, predicted = choice_key(choice), int(alone + margin)
+            looked = False
             say(f"verifying round {rounds + 1}: compiling the step")
             measured = compile_measure(
                 _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline
@@ -124,12 +160,16 @@ def plan_prepared(
         known = know.measured[key]
         over = peak_of(known.measured) - budget_bytes
         if over <= 0:
-            if rounds >= min(ROUNDS, max_rounds):
-                break
+            if rounds >= min(ROUNDS, max_rounds) or (calibrated and searched):
+                break  # with the memory outside the scans known, the candidate was the best
+            searched = True
             say("looking for a cheaper plan on the scans alone")
-            pending = _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded)
-            if pending is None:
+            best = _best(prep, know, budget_bytes)
+            found = _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded,
+                                       cost(prep, best), 0.0 if calibrated else BAND)  # fmt: skip
+            if found is None:
                 break
+            pending = found[:2]
         elif rounds >= ROUNDS and _best(prep, know, budget_bytes) is not None:
             break
         elif smallest:
@@ -166,6 +206,18 @@ def plan_prepared(
         scan_structure=prep.scan_fingerprints[1],
         written=prep.written,
     )
+
+
+def _ample(prep, know, solution, choice, budget_bytes, fixed) -> bool:
+    """Whether ``choice`` is so far under the budget by the model (`SLACK`) that checking it
+    alone cannot change the decision to compile it: every scan ``per_step`` (a schedule's
+    first check may charge it more), nothing cheaper to look for (it recomputes nothing),
+    and the scan-alone programs it needs not yet compiled."""
+    if not prep.scan_fits or choice.flops > 0:
+        return False
+    if any(prep.cands[o].schedule != "per_step" for o in solution.options):
+        return False
+    return prep.base + fixed + choice.model_bytes <= (1 - SLACK) * budget_bytes
 
 
 def _calibration_point(prep: Prepared, know: Knowledge, budget_bytes: int) -> Choice | None:
@@ -231,19 +283,20 @@ def _best(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
     return min(fits, key=lambda k: (cost(prep, k), peak_of(k.measured)))
 
 
-def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded):
-    """A plan cheaper than the best one known that its scans, compiled alone, predict to fit
-    (with the memory outside the scans the verified plans showed), or None.
+def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference, band=BAND):
+    """A plan with fewer FLOPs than ``reference`` that its scans, compiled alone, predict to
+    fit (with the memory outside the scans that the verified plans showed): ``(solution,
+    choice, scan-alone prediction)``, or None.
 
     The integer program's memory is linear in the saved and transient bytes, and XLA's is
     not quite: the program is solved at the budget and up to `RELAX` above it, excluding
     each candidate already compiled or checked, and the cheaper ones are checked alone (a
     cheap compile each, at most `CHECKS`), so that a plan the linear model overestimates by
-    a few percent is still found.
+    a few percent is still found. One predicted at most ``band`` over the budget is returned
+    too (the memory outside the scans is known only once a plan is verified).
     """
-    best = _best(prep, know, budget_bytes)
-    if best is None:
-        return None
+    if reference <= prep.baseline.flops * (1 + 1e-9):
+        return None  # nothing recomputes less than nothing
     margin = know.margin or 0.0
     excluded = list(excluded)
     checks = 0
@@ -257,20 +310,20 @@ def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded):
                 break
             choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
                             prep.stored, prep.slice)  # fmt: skip
-            if prep.baseline.flops + choice.flops >= cost(prep, best) * (1 - 1e-9):
+            if prep.baseline.flops + choice.flops >= reference * (1 - 1e-9):
                 break  # nothing cheaper at this budget
             excluded.append(solution)
             if choice_key(choice) in know.measured:
                 continue
             checks += 1
             alone, _ = check_alone(prep, know, solution, choice)
-            if alone + margin <= budget_bytes * (1 + BAND):
-                return solution, choice
+            if alone + margin <= budget_bytes * (1 + band):
+                return solution, choice, alone
     return None
 
 
 def _calibration_rival(prep, know, choice, budget_bytes):
-    """A calibration point not yet compiled that costs no more FLOPs than ``choice`` and
+    """A calibration point not yet compiled that costs fewer FLOPs than ``choice`` and
     whose scans, compiled alone, predict a fit; the cheapest such (or None). The linear model
     cannot tell such a point from a choice a few bytes away, and its prediction is the
     scan-alone one, not the model's."""
@@ -279,7 +332,7 @@ def _calibration_rival(prep, know, choice, budget_bytes):
         (c.flops, p, c)
         for c, p in prep.calibration
         if choice_key(c) not in know.measured
-        and c.flops <= choice.flops
+        and c.flops < choice.flops
         and p + margin <= budget_bytes
         and choice_key(c) != choice_key(choice)
     ]
@@ -333,7 +386,7 @@ def check_alone(
         scan_choice = choice.choices[info.position]
         key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
         if key not in know.alone:
-            length = min(fit.lengths) if cand.schedule == "per_step" else fit.length
+            length = fit.at if cand.schedule == "per_step" else fit.length
             missing.append((key, o, fit, length, (info, scan_choice, length)))
     temps = scan_memories([m[-1] for m in missing])
     for (key, o, fit, length, _), memory in zip(missing, temps, strict=True):
@@ -351,8 +404,8 @@ def check_alone(
         key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
         contribution = know.alone[key]
         if cand.schedule != "per_step" and o not in know.option_extra:
-            model = (fit.fixed + fit.length * fit.per_step + prep.stored * stored
-                     + prep.slice * sliced + prep.weight * transient)  # fmt: skip
+            model = (fit.fixed + prep.stored * stored + prep.slice * sliced
+                     + prep.weight * transient)  # fmt: skip
             know.option_extra[o] = contribution - model
             recharged = True
         total += contribution
