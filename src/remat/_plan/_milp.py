@@ -224,6 +224,7 @@ def solve(
     slice_weight: float = 0.0,
     minimize: str = "flops",
     max_flops: float | None = None,
+    min_flops: float | None = None,
     time_limit: float = 30.0,
     exclude: Sequence[Solution] = (),
 ) -> Solution | None:
@@ -247,6 +248,9 @@ def solve(
       max_flops: with ``minimize="memory"``, the most recompute FLOPs allowed (options'
         FLOPs included): the smallest memory of any choice that recomputes at most this much.
         ``None``: no limit.
+      min_flops: the fewest recompute FLOPs allowed (options' FLOPs included): e.g. above
+        those of a candidate found over the budget on the compiled program. ``None``: no
+        limit.
       time_limit: seconds HiGHS may take.
       exclude: solutions not to return again (their saved values and options; a "no-good"
         cut each), e.g. candidates found over the budget on the compiled program.
@@ -357,6 +361,9 @@ def solve(
     if max_flops is not None:
         coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}
         row(coeffs, -np.inf, max_flops / scale_flops + 1e-9)
+    if min_flops is not None:
+        coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}
+        row(coeffs, min_flops / scale_flops, np.inf)
     upper = np.ones(nvar)
     for i, node in enumerate(nodes):
         upper[i] = 1.0 if node.saveable else 0.0

@@ -205,17 +205,32 @@ def _positions(models: Sequence[ScanModel]) -> list[int]:
     return [m.index for m in models]
 
 
-def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool | str) -> Choice:
+def fixed_choice(
+    cands, offsets, models, options: Sequence[int], save: bool | str | frozenset[int]
+) -> Choice:
     """The per-step choice that saves every needed value (``save=True``), none (``False``),
-    or every needed value that is not fusible (``"unfused"``)."""
+    every needed value that is not fusible (``"unfused"``), or the values at the given
+    positions of each option's block (a ``frozenset``), needed or not (`fixed_solution`,
+    decoded with unit weights)."""
+    solution = fixed_solution(cands, offsets, options, save)
+    return decode(solution, cands, offsets, models, 1.0, 1.0, 1.0)
+
+
+def fixed_solution(
+    cands, offsets, options: Sequence[int], save: bool | str | frozenset[int]
+) -> Solution:
+    """The `Solution` of `fixed_choice`."""
     saved, recomputed, transient = set(), set(), 0.0
     nodes = [n for c in cands for n in c.nodes]
+    listed = isinstance(save, frozenset)
     for o in options:
         for i, node in enumerate(cands[o].nodes):
-            keep = save is True or (save == "unfused" and not node.fusible)
+            keep = (
+                save is True or (save == "unfused" and not node.fusible) or (listed and i in save)
+            )
             if not node.saveable or (not keep and node.recomputable):
                 recomputed.add(offsets[o] + i)
-            elif node.needed or not node.recomputable:
+            elif node.needed or not node.recomputable or listed:
                 saved.add(offsets[o] + i)
     # Only what the backward pass needs is recomputed: the needed values not saved, and what
     # they are computed from, back to saved values.
@@ -233,16 +248,16 @@ def fixed_choice(cands, offsets, models, options: Sequence[int], save: bool | st
         transient = max(
             transient, sum(nodes[i].bytes for i in block if i in live and nodes[i].needed)
         )
-    solution = Solution(
+    return Solution(
         saved=frozenset(saved),
         recomputed=frozenset(recomputed),
-        recompute_flops=0.0,
+        recompute_flops=float(sum(nodes[i].recompute_flops for i in recomputed))
+        + float(sum(cands[o].option.flops for o in options)),
         saved_bytes=int(sum(nodes[i].bytes * nodes[i].multiplicity for i in saved)),
         transient_bytes=int(transient),
         options=tuple(options),
         slice_bytes=int(sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)),
     )
-    return decode(solution, cands, offsets, models, 1.0, 1.0, 1.0)
 
 
 def offload_costs(

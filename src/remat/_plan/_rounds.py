@@ -25,7 +25,7 @@ from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known
 from ._milp import Option, Solution, materialised, solve
-from ._options import Choice, decode
+from ._options import Choice, decode, fixed_solution
 from ._result import InfeasibleBudget, Plan, PlanStats
 
 # Rounds that compile the whole step, when a plan that fits is known by then.
@@ -40,6 +40,12 @@ RELAX = (0.0, 0.04, 0.08)
 # was measured on another plan, and a calibration point (e.g. every step recomputed) can sit
 # exactly at the budget.
 BAND = 0.02
+# Above a candidate found over the budget, the next one searched recomputes at least this
+# fraction of the step's FLOPs more (`_cheaper_candidate`).
+FLOOR_STEP = 1e-3
+# Values tried saved, one at a time, when the least memory the model knows does not fit
+# (`_smaller_candidate`).
+PROBES = 8
 # A candidate the model puts this far under the budget is compiled whole at once, and checked
 # on its scans alone beside that compile (`_ample`): the model's error on the programs
 # measured is within 6%.
@@ -72,6 +78,7 @@ def plan_prepared(
     # scan-alone checks predict the step: a candidate that fits ends the rounds.
     calibrated = know.margin is not None
     searched = False  # cheaper candidates looked for (`_cheaper_candidate`)
+    probed = False  # smaller candidates looked for (`_smaller_candidate`)
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
@@ -103,6 +110,14 @@ def plan_prepared(
         rival = _calibration_rival(prep, know, choice, budget_bytes)
         if rival is not None:  # a calibration point as cheap, predicted to fit: take it
             choice, solution = rival, _solution_of(prep, rival)
+        if smallest and not probed and _one_per_step_scan(prep, solution):
+            probed = True
+            say("looking for a smaller plan on the scans alone")
+            smaller = _smaller_candidate(prep, know, solution, choice)
+            if smaller is not None:
+                solution, choice, alone = smaller
+                # One that fits is a candidate like any other (cheaper ones are looked for).
+                smallest = alone + margin > budget_bytes
         key = choice_key(choice)
         known = know.measured.get(key)
         if known is not None and peak_of(known.measured) > budget_bytes and checks < CHECKS:
@@ -125,10 +140,10 @@ def plan_prepared(
             say(f"checking a candidate on its scans alone (round {rounds + 1})")
             alone, recharged = check_alone(prep, know, solution, choice)
             predicted = int(alone + margin)
-            if recharged and checks < CHECKS:
+            if recharged and checks < CHECKS and not looked:
                 checks += 1
                 continue  # a schedule's first charge: solve again with it
-            if predicted > budget_bytes and not smallest:
+            if predicted > budget_bytes and not smallest and not looked:
                 if checks < CHECKS:  # exclude it, and step the model back by its excess
                     checks += 1
                     excluded.append(solution)
@@ -142,7 +157,8 @@ def plan_prepared(
                 found = _cheaper_candidate(prep, know, budget_bytes, options, tight,
                                            [*excluded, solution],
                                            prep.baseline.flops + choice.flops,
-                                           0.0 if calibrated else BAND)  # fmt: skip
+                                           _band(know, calibrated, False),
+                                           (choice, alone))  # fmt: skip
                 if found is not None:
                     solution, choice, alone = found
                     key, predicted = choice_key(choice), int(alone + margin)
@@ -166,7 +182,8 @@ def plan_prepared(
             say("looking for a cheaper plan on the scans alone")
             best = _best(prep, know, budget_bytes)
             found = _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded,
-                                       cost(prep, best), 0.0 if calibrated else BAND)  # fmt: skip
+                                       cost(prep, best), _band(know, calibrated, True),
+                                       _seen(best))  # fmt: skip
             if found is None:
                 break
             pending = found[:2]
@@ -283,29 +300,44 @@ def _best(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
     return min(fits, key=lambda k: (cost(prep, k), peak_of(k.measured)))
 
 
-def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference, band=BAND):
-    """A plan with fewer FLOPs than ``reference`` that its scans, compiled alone, predict to
-    fit (with the memory outside the scans that the verified plans showed): ``(solution,
-    choice, scan-alone prediction)``, or None.
+def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference,
+                       band=BAND, seen=None):  # fmt: skip
+    """The cheapest plan found with fewer FLOPs than ``reference`` that its scans, compiled
+    alone, predict to fit (with the memory outside the scans that the verified plans
+    showed): ``(solution, choice, scan-alone prediction)``, or None.
 
     The integer program's memory is linear in the saved and transient bytes, and XLA's is
-    not quite: the program is solved at the budget and up to `RELAX` above it, excluding
-    each candidate already compiled or checked, and the cheaper ones are checked alone (a
-    cheap compile each, at most `CHECKS`), so that a plan the linear model overestimates by
-    a few percent is still found. One predicted at most ``band`` over the budget is returned
-    too (the memory outside the scans is known only once a plan is verified).
+    not quite (on a MaxText-style decoder it put MaxText's ``minimal`` preset 13% over its
+    compiled peak). So the program is solved above the budget, excluding each candidate
+    already compiled or checked, and the cheaper ones are checked alone (a cheap compile
+    each, at most `CHECKS`): at `RELAX` above the budget, and, where ``seen`` (a `Choice`
+    and its scan-alone prediction) shows the model overestimating, at that error plus
+    `RELAX`. The FLOPs searched narrow as it goes: a candidate that fits is the one to beat,
+    and one that does not bounds the search from below (what recomputes less keeps more).
+    One predicted at most ``band`` over the budget counts as fitting (the memory outside
+    the scans is known only once a plan is verified).
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
         return None  # nothing recomputes less than nothing
     margin = know.margin or 0.0
+    levels = set(RELAX)
+    if seen is not None:
+        choice, alone = seen
+        error = (prep.base + choice.model_bytes - alone + tight) / budget_bytes
+        if error > 0:
+            levels |= {error + r for r in RELAX}
     excluded = list(excluded)
     checks = 0
-    for relax in RELAX:
+    found = None
+    above = None  # recompute FLOPs of the cheapest candidate found over the budget
+    for relax in sorted(levels):
         while checks < CHECKS:
+            # Cheaper tiers differ by at least a matmul; HiGHS's tolerance is relative.
+            floor = None if above is None else above + FLOOR_STEP * prep.baseline.flops
             solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
                              fixed_bytes=prep.base + margin + tight, exclude=excluded,
                              transient_weight=prep.weight, stored_weight=prep.stored,
-                             slice_weight=prep.slice)  # fmt: skip
+                             slice_weight=prep.slice, min_flops=floor)  # fmt: skip
             if solution is None:
                 break
             choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
@@ -318,8 +350,66 @@ def _cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refer
             checks += 1
             alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
-                return solution, choice, alone
-    return None
+                found = solution, choice, alone
+                reference = prep.baseline.flops + choice.flops
+                break  # something cheaper still, higher up?
+            above = solution.recompute_flops
+    return found
+
+
+def _smaller_candidate(prep, know, solution, choice):
+    """A plan of one ``per_step`` scan whose scans, compiled alone, predict less memory than
+    ``choice`` (the least memory the model knows, which does not fit): ``(solution, choice,
+    scan-alone prediction)``, or None.
+
+    The linear model ranks the smallest plans worst: saving one value that cuts a layer in
+    two (a MaxText decoder's ``out_proj``) lets the backward pass recompute each part on its
+    own, and the compiled peak falls below that of recomputing everything, where the model
+    sees only the bytes saved (measured: 5.52 against 5.84 MiB). So each value the program
+    names itself (`checkpoint_name`), else each matmul output, is tried saved on top of
+    ``choice`` (at most `PROBES`, smallest first), each checked alone.
+    """
+    if not _one_per_step_scan(prep, solution):
+        return None
+    (o,) = solution.options
+    cand = prep.cands[o]
+    values = prep.models[cand.scan].values
+    block = range(prep.offsets[o], prep.offsets[o] + len(cand.nodes))
+    base = frozenset(i - prep.offsets[o] for i in block if i in solution.saved)
+    named = [i for i, v in enumerate(values) if v.user_name and v.primitive == "name"]
+    matmuls = [i for i, v in enumerate(values) if v.flops > 0]
+    probes = [i for i in (named or matmuls) if cand.nodes[i].saveable and i not in base]
+    probes = sorted(probes, key=lambda i: (values[i].bytes, i))[:PROBES]
+    best, (least, _) = None, check_alone(prep, know, solution, choice)
+    for i in probes:
+        probe_solution = fixed_solution(prep.cands, prep.offsets, [o], save=base | {i})
+        probe = decode(probe_solution, prep.cands, prep.offsets, prep.models, prep.weight,
+                       prep.stored, prep.slice)  # fmt: skip
+        alone, _ = check_alone(prep, know, probe_solution, probe)
+        if alone < least:
+            best, least = (probe_solution, probe, alone), alone
+    return best
+
+
+def _one_per_step_scan(prep: Prepared, solution: Solution) -> bool:
+    options = solution.options
+    return (
+        bool(prep.scan_fits) and len(options) == 1 and prep.cands[options[0]].schedule == "per_step"
+    )
+
+
+def _band(know: Knowledge, calibrated: bool, fits: bool) -> float:
+    """How far over the budget a cheaper candidate checked alone may be predicted and still
+    be verified: `BAND` in a program's first plan, before the memory outside the scans is
+    measured, or once a plan that fits is compiled (a candidate over the budget then costs a
+    compile, not the plan); none in a program planned before (it compiles the step once)."""
+    if calibrated:
+        return 0.0
+    return BAND if know.margin is None or fits else 0.0
+
+
+def _seen(known: Known) -> tuple[Choice, float] | None:
+    return None if known.alone is None else (known.choice, known.alone)
 
 
 def _calibration_rival(prep, know, choice, budget_bytes):
