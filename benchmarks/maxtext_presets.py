@@ -28,13 +28,6 @@ import argparse
 import datetime
 import sys
 import time
-from typing import Any
-
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.ad_checkpoint import checkpoint_name
 
 import remat
 from bench_common import (
@@ -49,139 +42,10 @@ from bench_common import (
     time_jax_step,
     tree_bytes,
 )
+from remat._models._maxtext import FULL, PRESETS, QUICK, make_decoder
 from remat._plan import _memo
 
 MARKERS = ("<!-- maxtext:start -->", "<!-- maxtext:end -->")
-FULL = dict(layers=8, d_model=128, heads=4, mlp_dim=512, seq=128, batch=8, vocab=256)
-QUICK = dict(layers=4, d_model=64, heads=4, mlp_dim=256, seq=64, batch=4, vocab=128)
-
-# MaxText's presets (`get_remat_policy` in its decoder layers module), non-offloading ones.
-PROJECTIONS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "kv_proj")
-PRESETS: dict[str, tuple[str, ...] | None] = {
-    "minimal": (*PROJECTIONS, "out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo"),
-    "minimal_with_context": (
-        *PROJECTIONS,
-        "context",
-        "out_proj",
-        "mlpwi_0",
-        "mlpwi_1",
-        "mlpwi",
-        "mlpwo",
-    ),
-    "save_dot_with_context_except_mlp": (*PROJECTIONS, "context", "out_proj"),
-    "save_dot_except_mlpwi": (*PROJECTIONS, "out_proj", "mlpwo"),
-    "save_dot_except_mlp": (*PROJECTIONS, "out_proj"),
-    "save_qkv_proj": PROJECTIONS,
-    "save_out_proj": ("out_proj",),
-    "full": (),
-    "none": None,
-}
-
-
-### The decoder
-
-
-class RMSNorm(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
-        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * scale
-
-
-def rope(x: jax.Array) -> jax.Array:
-    """Rotary position embedding on ``(batch, seq, heads, head_dim)``."""
-    seq, hd = x.shape[1], x.shape[-1]
-    freq = 1.0 / (10000 ** (jnp.arange(0, hd, 2) / hd))
-    angle = jnp.arange(seq)[:, None] * freq[None, :]  # (seq, hd/2)
-    sin, cos = jnp.sin(angle)[None, :, None, :], jnp.cos(angle)[None, :, None, :]
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-
-class DecoderLayer(nn.Module):
-    """A llama-style decoder layer, with MaxText's checkpoint names on MaxText's values."""
-
-    d_model: int
-    heads: int
-    mlp_dim: int
-
-    @nn.compact
-    def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
-        _, seq, d = x.shape
-        hd = d // self.heads
-
-        def dense(features, name, axis=-1):
-            return nn.DenseGeneral(features, axis=axis, use_bias=False, name=name)
-
-        x = checkpoint_name(x, "decoder_layer_input")
-        h = RMSNorm(name="pre_self_attention_norm")(x)
-        q = checkpoint_name(rope(dense((self.heads, hd), "query")(h)), "query_proj")
-        k = checkpoint_name(rope(dense((self.heads, hd), "key")(h)), "key_proj")
-        v = checkpoint_name(dense((self.heads, hd), "value")(h), "value_proj")
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(hd))
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
-        probs = jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(scores.dtype).min), axis=-1)
-        ctx = checkpoint_name(jnp.einsum("bhqk,bkhd->bqhd", probs, v), "context")
-        ctx = checkpoint_name(ctx, "attention_out")
-        out = checkpoint_name(dense(d, "out", axis=(-2, -1))(ctx), "out_proj")
-        x = x + out
-        h = RMSNorm(name="post_self_attention_norm")(x)
-        wi0 = checkpoint_name(dense(self.mlp_dim, "wi_0")(h), "mlpwi_0")
-        wi1 = checkpoint_name(dense(self.mlp_dim, "wi_1")(h), "mlpwi_1")
-        wo = checkpoint_name(dense(d, "wo")(nn.silu(wi0) * wi1), "mlpwo")
-        return x + wo, None
-
-
-class Decoder(nn.Module):
-    layers: int
-    d_model: int
-    heads: int
-    mlp_dim: int
-    vocab: int
-    policy: Any = None  # a checkpoint policy, or None for no nn.remat
-    remat: bool = False
-
-    @nn.compact
-    def __call__(self, tokens):
-        x = nn.Embed(self.vocab, self.d_model, name="token_embedder")(tokens)
-        layer = DecoderLayer
-        if self.remat:
-            layer = nn.remat(layer, policy=self.policy, prevent_cse=False)
-        stack = nn.scan(
-            layer,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            length=self.layers,
-        )(self.d_model, self.heads, self.mlp_dim, name="layers")
-        x, _ = stack(x, None)
-        x = RMSNorm(name="decoder_norm")(x)
-        return nn.DenseGeneral(self.vocab, use_bias=False, name="logits_dense")(x)
-
-
-def make_decoder(policy_names: tuple[str, ...] | None, sizes: dict):
-    """``(loss, (params, tokens))`` for the decoder with a preset (``None``: no nn.remat)."""
-    if policy_names is None:
-        policy, use_remat = None, False
-    elif policy_names:
-        policy, use_remat = jax.checkpoint_policies.save_only_these_names(*policy_names), True
-    else:
-        policy, use_remat = jax.checkpoint_policies.nothing_saveable, True
-    model = Decoder(
-        sizes["layers"], sizes["d_model"], sizes["heads"], sizes["mlp_dim"], sizes["vocab"],
-        policy=policy, remat=use_remat,
-    )  # fmt: skip
-    tokens = jax.random.randint(
-        jax.random.key(1), (sizes["batch"], sizes["seq"] + 1), 0, sizes["vocab"]
-    )
-    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])["params"]
-
-    def loss(params, tokens):
-        logits = model.apply({"params": params}, tokens[:, :-1])
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-    return loss, (params, tokens)
-
 
 ### Running
 

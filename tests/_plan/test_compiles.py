@@ -222,6 +222,47 @@ def test_zero_slack_at_a_known_plan():
     assert again.stats.step_compiles <= 1
 
 
+def test_zero_slack_below_the_least_memory_the_model_knows():
+    """MaxText's ``save_out_proj`` saves one value that cuts a decoder layer in two: its
+    compiled peak is below that of recomputing everything, which is the least memory the
+    linear model knows. At exactly that peak the planner still finds a plan (it tries
+    saving the program's own named values one at a time), as cheap as the preset."""
+    from remat._models._maxtext import PRESETS, QUICK, make_decoder
+
+    _memo.forget()
+    preset = remat.measure(*_flat(make_decoder(PRESETS["save_out_proj"], QUICK)), repeats=0)
+    full = remat.measure(*_flat(make_decoder(PRESETS["full"], QUICK)), repeats=0)
+    assert preset.peak_bytes < full.peak_bytes  # the premise: the cut saves memory
+    loss, args = make_decoder(None, QUICK)
+    p = remat.plan(loss, *args, budget=preset.peak_bytes, verbose=False)
+    assert p.measured_peak_bytes <= preset.peak_bytes
+    assert p.measured.flops <= preset.flops
+    assert p.stats.step_compiles <= 3
+
+
+def _flat(made):
+    loss, args = made
+    return (loss, *args)
+
+
+def test_the_cyclic_collector_is_paused_during_a_plan_and_restored():
+    import gc
+
+    from remat._plan._plan import no_cyclic_gc
+
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            with no_cyclic_gc():
+                assert not gc.isenabled()
+            assert gc.isenabled() == enabled
+        finally:
+            gc.enable()
+    loss, args = mlp_stack()
+    remat.plan(loss, *args, budget=0.6, verbose=False)
+    assert gc.isenabled()
+
+
 def test_progress_on_a_terminal_only():
     class Terminal(io.StringIO):
         def isatty(self):

@@ -1,4 +1,6 @@
-"""The demo GPT and its sharded twin, used by ``remat demo``, the benchmarks and the examples.
+"""The demo GPT and its sharded twin, used by ``remat demo``, the benchmarks and the examples;
+a MaxText-style decoder with MaxText's remat presets (`_maxtext`), for the planner's benchmark
+and tests.
 
 May import every stage below it (`_core` to `_lint`).
 """
