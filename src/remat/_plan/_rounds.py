@@ -73,6 +73,7 @@ def plan_prepared(
     tight = 0.0
     checks = 0
     pending: tuple[Solution, Choice] | None = None
+    fallback: tuple[Solution, Choice] | None = None  # a candidate predicted to fit, not compiled
     excluded: list[Solution] = []
     # Once a plan of the program is verified, its memory outside the scans is known and the
     # scan-alone checks predict the step: a candidate that fits ends the rounds.
@@ -160,6 +161,7 @@ def plan_prepared(
                                            _band(know, calibrated, False),
                                            (choice, alone))  # fmt: skip
                 if found is not None:
+                    fallback = (solution, choice)  # verified next if ``found`` is over
                     solution, choice, alone = found
                     key, predicted = choice_key(choice), int(alone + margin)
             looked = False
@@ -176,6 +178,7 @@ def plan_prepared(
         known = know.measured[key]
         over = peak_of(known.measured) - budget_bytes
         if over <= 0:
+            fallback = None
             if rounds >= min(ROUNDS, max_rounds) or (calibrated and searched):
                 break  # with the memory outside the scans known, the candidate was the best
             searched = True
@@ -187,6 +190,8 @@ def plan_prepared(
             if found is None:
                 break
             pending = found[:2]
+        elif fallback is not None:  # a cheaper candidate was over: the one it replaced
+            pending, fallback = fallback, None
         elif rounds >= ROUNDS and _best(prep, know, budget_bytes) is not None:
             break
         elif smallest:
