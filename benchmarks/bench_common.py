@@ -32,45 +32,20 @@ MIB = 2**20
 
 @dataclasses.dataclass
 class CompileLog:
-    """Every XLA compile made while `count_compiles` is active: seconds and argument bytes."""
+    """Every XLA compile made while `count_compiles` is active: its seconds."""
 
     seconds: list[float] = dataclasses.field(default_factory=list)
-    arg_bytes: list[int] = dataclasses.field(default_factory=list)
-
-    def full_step(self, step_arg_bytes: int) -> tuple[int, float]:
-        """``(count, seconds)`` of the compiles whose arguments are at least 90% of the
-        whole step's: the full training step (a compile of one layer's body takes one
-        layer's parameters)."""
-        picked = [
-            s
-            for s, b in zip(self.seconds, self.arg_bytes, strict=True)
-            if b >= 0.9 * step_arg_bytes
-        ]
-        return len(picked), sum(picked)
 
     @property
     def total_seconds(self) -> float:
         return sum(self.seconds)
 
 
-def _arg_bytes(lowered: Any) -> int:
-    total = 0
-    for leaf in jax.tree.leaves(lowered.args_info):
-        aval = getattr(leaf, "_aval", None) or getattr(leaf, "aval", None)
-        shape = getattr(aval, "shape", getattr(leaf, "shape", ()))
-        dtype = getattr(aval, "dtype", getattr(leaf, "dtype", None))
-        size = 1
-        for d in shape:
-            size *= int(d)
-        total += size * (dtype.itemsize if dtype is not None else 0)
-    return total
-
-
 @contextlib.contextmanager
 def count_compiles() -> Iterator[CompileLog]:
     """Counts every ``jax.stages.Lowered.compile`` call inside the block (how `remat.plan`,
-    `remat.measure` and ``jax.jit(...).lower(...).compile()`` compile), with its seconds and
-    the bytes of its arguments."""
+    `remat.measure` and ``jax.jit(...).lower(...).compile()`` compile), with its seconds.
+    Which of them compiled the whole step, `remat.plan` tallies itself (``plan.stats``)."""
     log = CompileLog()
     original = jax.stages.Lowered.compile
 
@@ -80,10 +55,6 @@ def count_compiles() -> Iterator[CompileLog]:
             return original(self, *args, **kwargs)
         finally:
             log.seconds.append(time.perf_counter() - start)
-            try:
-                log.arg_bytes.append(_arg_bytes(self))
-            except Exception:  # pragma: no cover - args_info changed shape
-                log.arg_bytes.append(0)
 
     jax.stages.Lowered.compile = counted
     try:
