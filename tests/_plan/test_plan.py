@@ -233,7 +233,7 @@ def test_model_is_deterministic(stack):
 def test_falls_back_to_a_calibration_point(stack, monkeypatch):
     """If the solver finds nothing, the calibration point that fits (nothing saved: every
     step recomputed) is compiled and returned; below its compiled peak nothing fits."""
-    from remat._plan import _calibrate, _rounds
+    from remat._plan import _calibrate, _rounds, _search
     from remat._plan._compile import light_peak
     from remat._trace._tag import rewrite
 
@@ -243,6 +243,7 @@ def test_falls_back_to_a_calibration_point(stack, monkeypatch):
     assert nothing.scans[0].names == ()
     peak_none = light_peak(rewrite(loss, nothing.choices), args, 0)
     monkeypatch.setattr(_rounds, "solve", lambda *a, **k: None)
+    monkeypatch.setattr(_search, "solve", lambda *a, **k: None)
     p = _rounds.plan_prepared(prep, read_budget(peak_none + 1))
     assert p.scans[0].names == () and p.measured_peak_bytes == peak_none
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
@@ -296,7 +297,7 @@ def test_calibrate3_clamps_a_negative_slice_weight():
 def test_schedules_are_charged_what_they_keep_alone():
     """A `Nested` or `Binomial` candidate is checked on its scan compiled alone: from then on
     its option is charged the difference, so the model reproduces the checked peak."""
-    from remat._plan import _calibrate, _rounds
+    from remat._plan import _alone, _calibrate, _options
     from remat._plan._memo import Knowledge
     from remat._plan._milp import Solution
 
@@ -313,12 +314,12 @@ def test_schedules_are_charged_what_they_keep_alone():
         block = range(prep.offsets[o], prep.offsets[o] + len(cand.nodes))
         saved = {i for i in block if not prep.nodes[i].recomputable}
         solution = Solution(frozenset(saved), frozenset(set(block) - saved), 0.0, 0, 0, (o,))
-        choice = _rounds.decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
+        choice = _options.decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
                                 prep.stored, prep.slice)  # fmt: skip
-        alone, recharged = _rounds.check_alone(prep, know, solution, choice)
+        alone, recharged = _alone.check_alone(prep, know, solution, choice)
         assert recharged and o in know.option_extra
-        stored, sliced, transient = _rounds.scan_terms(prep, solution, o)
-        charged = _rounds.charge(cand.option, know.option_extra[o], prep.stored, prep.weight)
+        stored, sliced, transient = _alone.scan_terms(prep, solution, o)
+        charged = _alone.charge(cand.option, know.option_extra[o], prep.stored, prep.weight)
         own = stored - cand.option.bytes
         model = fit.fixed + prep.stored * (own + charged.bytes)
         model += prep.slice * sliced + prep.weight * max(transient, charged.transient)

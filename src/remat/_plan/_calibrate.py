@@ -233,7 +233,7 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline):
     Returns:
       ``((base, 1.0, slice_weight, transient_weight), calibration, scan_fits, alone)``, where
       ``calibration`` lists the points as (`Choice`, predicted peak of the step) and
-      ``alone`` each point's contribution to the step's peak (see `_rounds.check_alone`).
+      ``alone`` each point's contribution to the step's peak (see `_alone.check_alone`).
     """
     from ._body import scan_memories
 

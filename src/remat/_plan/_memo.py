@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from .._measure._measurement import Measurement
 from ._calibrate import Prepared
+from ._compile import peak_of
+
+if TYPE_CHECKING:
+    from ._options import Choice
 
 KEEP = 4
 
@@ -39,7 +43,7 @@ class Knowledge:
     prepared: Prepared
     measured: dict[Any, Known] = dataclasses.field(default_factory=dict)
     # (option, names, schedule, offload) -> the scan's contribution to the step's peak, from
-    # a scan-alone compile (see `_rounds.check_alone`).
+    # a scan-alone compile (see `_alone.check_alone`).
     alone: dict[Any, float] = dataclasses.field(default_factory=dict)
     option_extra: dict[int, float] = dataclasses.field(default_factory=dict)
     # Measured peak minus the scan-alone prediction of the last verified plan: the memory
@@ -79,3 +83,25 @@ def remember(key: Any, know: Knowledge) -> None:
 def forget() -> None:
     """Drops everything learned (the next plan of any program starts from scratch)."""
     _MEMORY.clear()
+
+
+def choice_key(choice: Choice) -> tuple[Any, ...]:
+    """A hashable identity of a choice: per scan, its names, offloaded names and schedule."""
+    return tuple(
+        sorted((k, v.names, v.offload, repr(v.schedule)) for k, v in choice.choices.items())
+    )
+
+
+def cost(prep: Prepared, known: Known) -> float:
+    """A compiled point's FLOPs: measured, but never below the model's (the backward loop of a
+    `remat.Binomial` schedule has no static trip count, so its measured FLOPs are a lower
+    bound)."""
+    return max(known.measured.flops, prep.baseline.flops + known.choice.flops)
+
+
+def best_known(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
+    """The compiled point with the fewest FLOPs that fits, the smallest peak among equals."""
+    fits = [k for k in know.measured.values() if peak_of(k.measured) <= budget_bytes]
+    if not fits:
+        return None
+    return min(fits, key=lambda k: (cost(prep, k), peak_of(k.measured)))

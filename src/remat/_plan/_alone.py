@@ -1,0 +1,115 @@
+"""Checking a candidate on its scans alone: the step's peak predicted from each scan compiled
+on its own (`check_alone`), and the charges of `remat.Nested` and `remat.Binomial` options
+(what a schedule keeps beyond the memory model, learned the first time one is checked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ._body import scan_memories
+from ._calibrate import Prepared
+from ._memo import Knowledge
+from ._milp import Option, Solution, materialised
+from ._options import Choice
+
+
+def charged_options(prep: Prepared, know: Knowledge) -> tuple[Option, ...]:
+    return tuple(
+        charge(option, know.option_extra.get(o, 0.0), prep.stored, prep.weight)
+        for o, option in enumerate(prep.options)
+    )
+
+
+def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float, float]:
+    """``(stored, sliced, transient)`` of option ``o``'s scan in ``solution``, unweighted, as
+    the integer program counts them (the option's own bytes and transient included)."""
+    cand = prep.cands[o]
+    block = range(prep.offsets[o], prep.offsets[o] + len(cand.nodes))
+    nodes = prep.nodes
+    saved = [i for i in block if i in solution.saved]
+    stored = sum(nodes[i].bytes * nodes[i].multiplicity for i in saved) + cand.option.bytes
+    sliced = sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)
+    live = materialised(nodes, frozenset(i for i in block if i in solution.recomputed))
+    transient = max(sum(nodes[i].bytes for i in live if nodes[i].needed), cand.option.transient)
+    return float(stored), float(sliced), float(transient)
+
+
+def check_alone(
+    prep: Prepared, know: Knowledge, solution: Solution, choice: Choice
+) -> tuple[float, bool]:
+    """The step's peak predicted for ``choice`` from each of its scans compiled alone (before
+    the memory outside the scans is known: add ``know.margin``), and whether a schedule got
+    its first charge (the solution should then be solved again).
+
+    A ``per_step`` scan is compiled at 2 steps and extrapolated to its length by its fit (see
+    `remat._calibrate.ScanFit`); a `remat.Nested` or `remat.Binomial` one at its length, and
+    what it keeps beyond the model is charged to its option from then on. Without scan fits (a
+    program calibrated on compiled steps) the model's own prediction is returned.
+    """
+    if not prep.scan_fits:
+        return prep.base + choice.model_bytes, False
+    fits = {prep.cands[o].scan: f for o, f in zip(_per_step(prep), prep.scan_fits, strict=True)}
+    baseline = prep.baseline
+    total = float(baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes)
+    recharged = False
+    missing = []  # scans not yet compiled alone with this choice: compiled together
+    for o in solution.options:
+        cand = prep.cands[o]
+        info = prep.infos[cand.scan]
+        fit = fits[cand.scan]
+        scan_choice = choice.choices[info.position]
+        key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
+        if key not in know.alone:
+            length = fit.at if cand.schedule == "per_step" else fit.length
+            missing.append((key, o, fit, length, (info, scan_choice, length)))
+    temps = scan_memories([m[-1] for m in missing])
+    for (key, o, fit, length, _), memory in zip(missing, temps, strict=True):
+        if prep.cands[o].schedule == "per_step":
+            sliced = scan_terms(prep, solution, o)[1]
+            know.alone[key] = fit.at_length(memory.temp_bytes, length, sliced)
+        else:
+            know.alone[key] = float(memory.temp_bytes)
+    for o in solution.options:
+        cand = prep.cands[o]
+        info = prep.infos[cand.scan]
+        fit = fits[cand.scan]
+        scan_choice = choice.choices[info.position]
+        stored, sliced, transient = scan_terms(prep, solution, o)
+        key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
+        contribution = know.alone[key]
+        if cand.schedule != "per_step" and o not in know.option_extra:
+            model = (fit.fixed + prep.stored * stored + prep.slice * sliced
+                     + prep.weight * transient)  # fmt: skip
+            know.option_extra[o] = contribution - model
+            recharged = True
+        total += contribution
+    return total, recharged
+
+
+def _per_step(prep: Prepared) -> list[int]:
+    return [o for o, c in enumerate(prep.cands) if c.schedule == "per_step"]
+
+
+def charge(option: Option, extra: float, stored: float, weight: float) -> Option:
+    """``option`` charged ``extra`` bytes of memory (what it keeps beyond the model, measured
+    on its scan compiled alone), as the MILP counts them: ``stored * bytes + weight *
+    transient``. A negative charge (the option keeps less than the fit predicts) takes the
+    option's bytes down to zero and the rest off its transient, so that options whose bytes
+    would all be clamped to zero stay ranked.
+
+    Example:
+      >>> from remat._plan._milp import Option
+      >>> from remat._plan._alone import charge
+      >>> charge(Option(group=0, bytes=10.0, transient=40.0), 6.0, stored=2.0, weight=1.0)
+      Option(group=0, bytes=13.0, flops=0.0, transient=40.0)
+      >>> charge(Option(group=0, bytes=10.0, transient=40.0), -30.0, stored=2.0, weight=0.5)
+      Option(group=0, bytes=0.0, flops=0.0, transient=20.0)
+    """
+    if not stored or not extra:
+        return option
+    bytes_ = option.bytes + extra / stored
+    if bytes_ >= 0 or not weight:
+        return dataclasses.replace(option, bytes=max(bytes_, 0.0))
+    transient = max(option.transient + bytes_ * stored / weight, 0.0)
+    return dataclasses.replace(option, bytes=0.0, transient=transient)

@@ -1,0 +1,171 @@
+"""Where the rounds look for candidates on the scans alone, before compiling the step.
+
+The integer program's memory model is linear and XLA's memory is not quite: cheaper
+candidates the model puts a little over the budget are checked alone (`cheaper_candidate`),
+and when nothing fits the model, single values saved on top of its least-memory choice are
+(`smaller_candidate`). Calibration points compete with the solver's choices
+(`calibration_rival`, `calibration_point`).
+"""
+
+from __future__ import annotations
+
+from ._alone import check_alone
+from ._calibrate import Prepared
+from ._memo import Knowledge, Known, choice_key
+from ._milp import Solution, solve
+from ._options import Choice, decode, fixed_solution
+
+# Candidates checked alone per round before one is compiled whole.
+CHECKS = 4
+# Budgets above the real one at which cheaper candidates are looked for (`cheaper_candidate`).
+RELAX = (0.0, 0.04, 0.08)
+# A cheaper candidate predicted at most this far over the budget is still verified: the margin
+# was measured on another plan, and a calibration point (e.g. every step recomputed) can sit
+# exactly at the budget.
+BAND = 0.02
+# Above a candidate found over the budget, the next one searched recomputes at least this
+# fraction of the step's FLOPs more (`cheaper_candidate`).
+FLOOR_STEP = 1e-3
+# Values tried saved, one at a time, when the least memory the model knows does not fit
+# (`smaller_candidate`).
+PROBES = 8
+
+
+def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference,
+                       band=BAND, seen=None):  # fmt: skip
+    """The cheapest plan found with fewer FLOPs than ``reference`` that its scans, compiled
+    alone, predict to fit (with the memory outside the scans that the verified plans
+    showed): ``(solution, choice, scan-alone prediction)``, or None.
+
+    The integer program's memory is linear in the saved and transient bytes, and XLA's is
+    not quite (on a MaxText-style decoder it put MaxText's ``minimal`` preset 13% over its
+    compiled peak). So the program is solved above the budget, excluding each candidate
+    already compiled or checked, and the cheaper ones are checked alone (a cheap compile
+    each, at most `CHECKS`): at `RELAX` above the budget, and, where ``seen`` (a `Choice`
+    and its scan-alone prediction) shows the model overestimating, at that error plus
+    `RELAX`. The FLOPs searched narrow as it goes: a candidate that fits is the one to beat,
+    and one that does not bounds the search from below (what recomputes less keeps more).
+    One predicted at most ``band`` over the budget counts as fitting (the memory outside
+    the scans is known only once a plan is verified).
+    """
+    if reference <= prep.baseline.flops * (1 + 1e-9):
+        return None  # nothing recomputes less than nothing
+    margin = know.margin or 0.0
+    levels = set(RELAX)
+    if seen is not None:
+        choice, alone = seen
+        error = (prep.base + choice.model_bytes - alone + tight) / budget_bytes
+        if error > 0:
+            levels |= {error + r for r in RELAX}
+    excluded = list(excluded)
+    checks = 0
+    found = None
+    above = None  # recompute FLOPs of the cheapest candidate found over the budget
+    for relax in sorted(levels):
+        while checks < CHECKS:
+            # Cheaper tiers differ by at least a matmul; HiGHS's tolerance is relative.
+            floor = None if above is None else above + FLOOR_STEP * prep.baseline.flops
+            solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
+                             fixed_bytes=prep.base + margin + tight, exclude=excluded,
+                             transient_weight=prep.weight, stored_weight=prep.stored,
+                             slice_weight=prep.slice, min_flops=floor)  # fmt: skip
+            if solution is None:
+                break
+            choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
+                            prep.stored, prep.slice)  # fmt: skip
+            if prep.baseline.flops + choice.flops >= reference * (1 - 1e-9):
+                break  # nothing cheaper at this budget
+            excluded.append(solution)
+            if choice_key(choice) in know.measured:
+                continue
+            checks += 1
+            alone, _ = check_alone(prep, know, solution, choice)
+            if alone + margin <= budget_bytes * (1 + band):
+                found = solution, choice, alone
+                reference = prep.baseline.flops + choice.flops
+                break  # something cheaper still, higher up?
+            above = solution.recompute_flops
+    return found
+
+
+def smaller_candidate(prep, know, solution, choice):
+    """A plan of one ``per_step`` scan whose scans, compiled alone, predict less memory than
+    ``choice`` (the least memory the model knows, which does not fit): ``(solution, choice,
+    scan-alone prediction)``, or None.
+
+    The linear model ranks the smallest plans worst: saving one value that cuts a layer in
+    two (a MaxText decoder's ``out_proj``) lets the backward pass recompute each part on its
+    own, and the compiled peak falls below that of recomputing everything, where the model
+    sees only the bytes saved (measured: 5.52 against 5.84 MiB). So each value the program
+    names itself (`checkpoint_name`), else each matmul output, is tried saved on top of
+    ``choice`` (at most `PROBES`, smallest first), each checked alone.
+    """
+    if not one_per_step_scan(prep, solution):
+        return None
+    (o,) = solution.options
+    cand = prep.cands[o]
+    values = prep.models[cand.scan].values
+    block = range(prep.offsets[o], prep.offsets[o] + len(cand.nodes))
+    base = frozenset(i - prep.offsets[o] for i in block if i in solution.saved)
+    named = [i for i, v in enumerate(values) if v.user_name and v.primitive == "name"]
+    matmuls = [i for i, v in enumerate(values) if v.flops > 0]
+    probes = [i for i in (named or matmuls) if cand.nodes[i].saveable and i not in base]
+    probes = sorted(probes, key=lambda i: (values[i].bytes, i))[:PROBES]
+    best, (least, _) = None, check_alone(prep, know, solution, choice)
+    for i in probes:
+        probe_solution = fixed_solution(prep.cands, prep.offsets, [o], save=base | {i})
+        probe = decode(probe_solution, prep.cands, prep.offsets, prep.models, prep.weight,
+                       prep.stored, prep.slice)  # fmt: skip
+        alone, _ = check_alone(prep, know, probe_solution, probe)
+        if alone < least:
+            best, least = (probe_solution, probe, alone), alone
+    return best
+
+
+def one_per_step_scan(prep: Prepared, solution: Solution) -> bool:
+    options = solution.options
+    return (
+        bool(prep.scan_fits) and len(options) == 1 and prep.cands[options[0]].schedule == "per_step"
+    )
+
+
+def band_for(know: Knowledge, calibrated: bool, fits: bool) -> float:
+    """How far over the budget a cheaper candidate checked alone may be predicted and still
+    be verified: `BAND` in a program's first plan, before the memory outside the scans is
+    measured, or once a plan that fits is compiled (a candidate over the budget then costs a
+    compile, not the plan); none in a program planned before (it compiles the step once)."""
+    if calibrated:
+        return 0.0
+    return BAND if know.margin is None or fits else 0.0
+
+
+def seen_in(known: Known) -> tuple[Choice, float] | None:
+    return None if known.alone is None else (known.choice, known.alone)
+
+
+def calibration_rival(prep, know, choice, budget_bytes):
+    """A calibration point not yet compiled that costs fewer FLOPs than ``choice`` and
+    whose scans, compiled alone, predict a fit; the cheapest such (or None). The linear model
+    cannot tell such a point from a choice a few bytes away, and its prediction is the
+    scan-alone one, not the model's."""
+    margin = know.margin or 0.0
+    rivals = [
+        (c.flops, p, c)
+        for c, p in prep.calibration
+        if choice_key(c) not in know.measured
+        and c.flops < choice.flops
+        and p + margin <= budget_bytes
+        and choice_key(c) != choice_key(choice)
+    ]
+    return min(rivals, key=lambda r: r[:2])[2] if rivals else None
+
+
+def calibration_point(prep: Prepared, know: Knowledge, budget_bytes: int) -> Choice | None:
+    """The cheapest calibration point predicted to fit (else the smallest) not yet compiled."""
+    points = [(c, p) for c, p in prep.calibration if choice_key(c) not in know.measured]
+    if not points:
+        return None
+    fits = [cp for cp in points if cp[1] <= budget_bytes]
+    if fits:
+        return min(fits, key=lambda cp: (cp[0].flops, cp[1]))[0]
+    return min(points, key=lambda cp: cp[1])[0]
