@@ -67,7 +67,8 @@ def plan_prepared(
     rounds = 0
     tight = 0.0
     checks = 0
-    pending: tuple[Solution, Choice] | None = None
+    # The next candidate, and whether cheaper ones are still to be looked for from it.
+    pending: tuple[Solution, bool] | None = None
     fallback: tuple[Solution, Choice] | None = None  # a candidate predicted to fit, not compiled
     excluded: list[Solution] = []
     # Once a plan of the program is verified, its memory outside the scans is known and the
@@ -83,12 +84,13 @@ def plan_prepared(
         weights = dict(transient_weight=prep.weight, stored_weight=prep.stored,
                        slice_weight=prep.slice)  # fmt: skip
         if pending is not None:
-            solution, _ = pending
+            solution, search_again = pending
         else:
             solution = solve(prep.nodes, budget_bytes, options=options,
                              fixed_bytes=prep.base + margin + tight, exclude=excluded,
                              **weights)  # fmt: skip
-        looked = pending is not None  # a cheaper candidate, found on the scans alone
+        # A cheaper candidate found on the scans alone is compiled as it is.
+        looked = pending is not None and not search_again
         pending = None
         smallest = solution is None
         if smallest:  # nothing fits the model: the least memory it knows
@@ -184,9 +186,12 @@ def plan_prepared(
                                        seen_in(best))  # fmt: skip
             if found is None:
                 break
-            pending = found[:2]
-        elif fallback is not None:  # a cheaper candidate was over: the one it replaced
-            pending, fallback = fallback, None
+            pending = (found[0], False)
+        elif fallback is not None:
+            # A cheaper candidate was over: the one it replaced, looking again from there with
+            # the memory outside the scans now measured (it may be no solver's choice: a
+            # smaller candidate is found by trying values saved, `smaller_candidate`).
+            pending, fallback = (fallback[0], True), None
         elif rounds >= ROUNDS and best_known(prep, know, budget_bytes) is not None:
             break
         elif smallest:
