@@ -74,8 +74,8 @@ def plan_prepared(
     # Once a plan of the program is verified, its memory outside the scans is known and the
     # scan-alone checks predict the step: a candidate that fits ends the rounds.
     calibrated = know.margin is not None
-    searched = False  # cheaper candidates looked for (`_cheaper_candidate`)
-    probed = False  # smaller candidates looked for (`_smaller_candidate`)
+    searched = False  # cheaper candidates looked for (`cheaper_candidate`)
+    probed = False  # smaller candidates looked for (`smaller_candidate`)
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
