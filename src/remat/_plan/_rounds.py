@@ -1,15 +1,17 @@
 """The planner's solve-and-measure rounds, for one budget.
 
 A round solves the integer program, checks the candidate on each of its scans compiled alone
-(cheap: `_alone.check_alone`), and, once that predicts a fit, looks for cheaper candidates the linear
-model put a little over the budget (`_search.cheaper_candidate`, also checked alone); the cheapest
-predicted to fit is compiled whole and measured. The first verified plan of a program also
-measures what the scan-alone programs do not see (the memory outside the scans); a second
-round runs only when the plan was over the budget, or, for the first plan of a program, when
-the corrected model offers a cheaper plan. A program planned before knows that memory, and
-its first candidate that fits ends the rounds (one compile of the step). Then every plan compiled for the
-program so far competes (`_memo.Knowledge.measured`): the one with the fewest FLOPs that fits
-is returned, the smaller peak among equals.
+(cheap: `_alone.check_alone`), and, once that predicts a fit, looks for cheaper candidates
+the linear model put a little over the budget (`_search.cheaper_candidate`, also checked
+alone); the cheapest predicted to fit is compiled whole and measured. When nothing fits the
+model, values saved one at a time are tried first (`_search.smaller_candidate`). The first
+verified plan of a program also measures what the scan-alone programs do not see (the memory
+outside the scans); a second round runs only when the plan was over the budget, or, for the
+first plan of a program, when the corrected model offers a cheaper plan. A program planned
+before knows that memory, and its first candidate that fits ends the rounds (one compile of
+the step). Then every plan compiled for the program so far competes
+(`_memo.Knowledge.measured`): the one with the fewest FLOPs that fits is returned, the
+smaller peak among equals.
 """
 
 from __future__ import annotations
