@@ -133,3 +133,22 @@ ROWS = (
     ("full+binomial(2)", row(8, 5.0, 33)),
     ("worse_than_full", row(12, 4.5, 30)),  # same peak as full, more FLOPs
 )
+
+
+def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh, seed=0):
+    """A scanned stack of two-matmul residual blocks, and its (params, x)."""
+
+    def block(h, w):
+        w1, w2 = w
+        return h + act(h @ w1) @ w2, None
+
+    def loss(params, x):
+        h, _ = jax.lax.scan(block, x, params)
+        return jnp.mean(h**2)
+
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    params = (
+        jax.random.normal(k1, (layers, d, 4 * d)) / jnp.sqrt(d),
+        jax.random.normal(k2, (layers, 4 * d, d)) / jnp.sqrt(4 * d),
+    )
+    return loss, (params, jax.random.normal(k3, (batch, d)))

@@ -9,28 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 import remat
-from conftest import assert_tree_allclose
+from conftest import assert_tree_allclose, mlp_stack
 from remat._core._budget import read_budget
 from remat._plan._plan import plan_budgets
-
-
-def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh):
-    """A scanned stack of two-matmul residual blocks, and its (params, x)."""
-
-    def block(h, w):
-        w1, w2 = w
-        return h + act(h @ w1) @ w2, None
-
-    def loss(params, x):
-        h, _ = jax.lax.scan(block, x, params)
-        return jnp.mean(h**2)
-
-    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    params = (
-        jax.random.normal(k1, (layers, d, 4 * d)) / jnp.sqrt(d),
-        jax.random.normal(k2, (layers, 4 * d, d)) / jnp.sqrt(4 * d),
-    )
-    return loss, (params, jax.random.normal(k3, (batch, d)))
 
 
 def recurrence():

@@ -11,7 +11,7 @@ from ._body import scan_memories
 from ._calibrate import Prepared
 from ._memo import Knowledge
 from ._milp import Option, Solution, materialised
-from ._options import Choice
+from ._options import Choice, alone_key
 
 
 def charged_options(prep: Prepared, know: Knowledge) -> tuple[Option, ...]:
@@ -59,7 +59,7 @@ def check_alone(
         info = prep.infos[cand.scan]
         fit = fits[cand.scan]
         scan_choice = choice.choices[info.position]
-        key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
+        key = alone_key(o, scan_choice)
         if key not in know.alone:
             length = fit.at if cand.schedule == "per_step" else fit.length
             missing.append((key, o, fit, length, (info, scan_choice, length)))
@@ -76,7 +76,7 @@ def check_alone(
         fit = fits[cand.scan]
         scan_choice = choice.choices[info.position]
         stored, sliced, transient = scan_terms(prep, solution, o)
-        key = (o, scan_choice.names, scan_choice.offload, repr(scan_choice.schedule))
+        key = alone_key(o, scan_choice)
         contribution = know.alone[key]
         if cand.schedule != "per_step" and o not in know.option_extra:
             model = (fit.fixed + prep.stored * stored + prep.slice * sliced

@@ -29,7 +29,14 @@ from .._trace._tag import planned_scans, rewrite
 from ._compile import compile_measure, light_peak
 from ._costmodel import ScanModel, model_scans
 from ._milp import Node, Option
-from ._options import Candidate, assemble, candidates, fixed_choice, offload_costs
+from ._options import (
+    Candidate,
+    alone_key,
+    assemble,
+    candidates,
+    fixed_choice,
+    offload_costs,
+)
 from ._result import fingerprint, scan_fingerprints
 
 _ABSTRACT = (
@@ -279,8 +286,7 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline):
         contributions = [(c, fits[-1].at_length(t, short, c.sliced)) for c, t in measured]
         points.append(tuple(contributions))
         for c, contribution in contributions:
-            sc = c.choices[info.position]
-            alone.append(((o, sc.names, sc.offload, repr(sc.schedule)), contribution))
+            alone.append((alone_key(o, c.choices[info.position]), contribution))
     base = outside + sum(f.fixed for f in fits)
     slice_weight = max(f.slice for f in fits)
     weight = max(f.weight for f in fits)

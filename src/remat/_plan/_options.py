@@ -205,6 +205,12 @@ def _positions(models: Sequence[ScanModel]) -> list[int]:
     return [m.index for m in models]
 
 
+def alone_key(option: int, scan: ScanChoice) -> tuple[object, ...]:
+    """The key of a scan's contribution checked alone (`remat._plan._memo.Knowledge.alone`):
+    the option, and the scan's saved and offloaded names and schedule."""
+    return (option, scan.names, scan.offload, repr(scan.schedule))
+
+
 def fixed_choice(
     cands, offsets, models, options: Sequence[int], save: bool | str | frozenset[int]
 ) -> Choice:

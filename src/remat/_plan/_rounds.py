@@ -71,7 +71,7 @@ def plan_prepared(
     checks = 0
     # The next candidate, and whether cheaper ones are still to be looked for from it.
     pending: tuple[Solution, bool] | None = None
-    fallback: tuple[Solution, Choice] | None = None  # a candidate predicted to fit, not compiled
+    fallback: Solution | None = None  # a candidate predicted to fit, not compiled
     excluded: list[Solution] = []
     # Once a plan of the program is verified, its memory outside the scans is known and the
     # scan-alone checks predict the step: a candidate that fits ends the rounds.
@@ -129,13 +129,7 @@ def plan_prepared(
             # check gives the memory outside the scans, not the decision).
             say(f"verifying round {rounds + 1}: compiling the step")
             beside = functools.partial(check_alone, prep, know, solution, choice)
-            measured, (alone, _) = compile_measure(
-                _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline,
-                meanwhile=beside,
-            )  # fmt: skip
-            predicted = int(alone + margin)
-            know.margin = peak_of(measured) - alone
-            know.measured[key] = Known(choice, measured, predicted, alone)
+            _verify(prep, know, key, choice, margin, beside=beside)
         elif known is None:
             say(f"checking a candidate on its scans alone (round {rounds + 1})")
             alone, recharged = check_alone(prep, know, solution, choice)
@@ -160,18 +154,11 @@ def plan_prepared(
                                            band_for(know, calibrated, False),
                                            (choice, alone))  # fmt: skip
                 if found is not None:
-                    fallback = (solution, choice)  # verified next if ``found`` is over
+                    fallback = solution  # verified next if ``found`` is over
                     solution, choice, alone = found
-                    key, predicted = choice_key(choice), int(alone + margin)
-            looked = False
+                    key = choice_key(choice)
             say(f"verifying round {rounds + 1}: compiling the step")
-            measured = compile_measure(
-                _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline
-            )
-            know.margin = peak_of(measured) - alone
-            know.measured[key] = Known(choice, measured, predicted, alone)
-        else:
-            predicted = know.measured[key].predicted
+            _verify(prep, know, key, choice, margin, alone=alone)
         rounds += 1
         checks = 0
         known = know.measured[key]
@@ -193,7 +180,7 @@ def plan_prepared(
             # A cheaper candidate was over: the one it replaced, looking again from there with
             # the memory outside the scans now measured (it may be no solver's choice: a
             # smaller candidate is found by trying values saved, `smaller_candidate`).
-            pending, fallback = (fallback[0], True), None
+            pending, fallback = (fallback, True), None
         elif rounds >= ROUNDS and best_known(prep, know, budget_bytes) is not None:
             break
         elif smallest:
@@ -230,6 +217,19 @@ def plan_prepared(
         scan_structure=prep.scan_fingerprints[1],
         written=prep.written,
     )
+
+
+def _verify(prep, know, key, choice, margin, alone=None, beside=None) -> None:
+    """Compiles and measures the step with ``choice`` and records it in ``know`` under
+    ``key``, with its prediction (the scan-alone ``alone``, or what ``beside``, run while
+    the step compiles, returns, plus ``margin``) and the memory outside the scans it shows."""
+    measured = compile_measure(
+        _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline, meanwhile=beside
+    )
+    if beside is not None:
+        measured, (alone, _) = measured
+    know.margin = peak_of(measured) - alone
+    know.measured[key] = Known(choice, measured, int(alone + margin), alone)
 
 
 def _ample(prep, know, solution, choice, budget_bytes, fixed) -> bool:
