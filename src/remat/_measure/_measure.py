@@ -189,7 +189,16 @@ def _dtype(leaf: Any) -> Any:
     return dtype_of(leaf)
 
 
-def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
+def _check_args(
+    args: Sequence[Any], argnums: Any, repeats: int, where: str = "remat.measure"
+) -> tuple[int, ...]:
+    try:
+        return _check_args_of(args, argnums, repeats)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", f"`{where}`")) from None
+
+
+def _check_args_of(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
     argnums = argnums_of(argnums)
     n = len(args)
     argnums_t = (argnums,) if isinstance(argnums, int) else argnums
@@ -224,7 +233,16 @@ def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, .
     return tuple(argnums_t)
 
 
-def _check_scalar(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False) -> None:
+def _check_scalar(
+    fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False, where: str = "remat.measure"
+) -> None:
+    try:
+        _check_scalar_of(fn, args, has_aux)
+    except ValueError as err:
+        raise ValueError(str(err).replace("`remat.measure`", f"`{where}`")) from None
+
+
+def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> None:
     out = jax.eval_shape(fn, *args)
     if has_aux:
         if not isinstance(out, tuple | list) or len(out) != 2:
