@@ -47,6 +47,7 @@ from ._plan._result import Plan as Plan
 # --- compare, report ---
 from ._report._compare import compare as compare
 from ._report._memory import memory as memory
+from ._report._memory_plot import plot_memory as plot_memory
 from ._report._report import Machine as Machine
 from ._report._report import Report as Report
 
@@ -81,6 +82,7 @@ __all__ = [
     "memory",
     "per_device_bytes",
     "plan",
+    "plot_memory",
     "revolve_cost",
     "revolve_schedule",
     "rewrite_scans",

@@ -93,7 +93,10 @@ def test_full_recomputes_and_lowers_the_peak(written):
     full = remat.memory(named_stack, *args(), strategy="full")
     assert full.label == "full"
     assert full.peak_bytes < written.peak_bytes
-    assert full.peak_bytes == remat.measure(named_stack, *args(), strategy="full", repeats=0).peak_bytes
+    assert (
+        full.peak_bytes
+        == remat.measure(named_stack, *args(), strategy="full", repeats=0).peak_bytes
+    )
     assert "recomputation" in dict(full.by_kind)
     stacked = [v for v in full.live_at_peak if v.kind == "saved" and v.steps > 1]
     assert [v.shape for v in stacked] == [(L, B, D)]  # only the carry at every step
@@ -110,9 +113,10 @@ def test_the_training_step_shows_the_optimizer_state():
     view = remat.memory(named_stack, *args(), optimizer=optax.adam(1e-3))
     kinds = view.kind_bytes_at_peak()
     assert kinds["optimizer state"] >= 2 * L * D * D * 4  # Adam's two moments of ws
-    assert view.peak_bytes == remat.measure(
-        named_stack, *args(), optimizer=optax.adam(1e-3), repeats=0
-    ).peak_bytes
+    assert (
+        view.peak_bytes
+        == remat.measure(named_stack, *args(), optimizer=optax.adam(1e-3), repeats=0).peak_bytes
+    )
     labels = {v.label for v in view.live_at_peak if v.kind == "optimizer state"}
     assert any(".mu" in label for label in labels) and any(".nu" in label for label in labels)
 
@@ -142,11 +146,11 @@ def test_a_plan_is_compiled_as_planned():
 
 
 def test_bad_input_names_remat_memory():
-    with pytest.raises(ValueError, match="`remat.memory`.*strategy='full'"):
+    with pytest.raises(ValueError, match=r"`remat.memory`.*strategy='full'"):
         remat.memory(named_stack, *args(), strategy="full", plan="p.json")
-    with pytest.raises(ValueError, match="`remat.memory` got argnums=5"):
+    with pytest.raises(ValueError, match=r"`remat.memory` got argnums=5"):
         remat.memory(named_stack, *args(), argnums=5)
-    with pytest.raises(TypeError, match="`remat.memory` got fn=3"):
+    with pytest.raises(TypeError, match=r"`remat.memory` got fn=3"):
         remat.memory(3, *args())
 
 
