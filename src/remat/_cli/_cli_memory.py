@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     group.add_argument("--plan", type=Path, default=None, help="also show this plan file")
     parser.add_argument("--top", type=int, default=12, help="values listed per step")
     parser.add_argument("--png", type=Path, metavar="PATH", help="write the picture")
+    parser.add_argument(
+        "--html", type=Path, metavar="PATH", help="write a self-contained page (hover for values)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -47,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise CliError(f"--top must be >= 1; got {args.top}", EXIT_USAGE)
     argnums = parse_argnums(args.argnums)
-    if args.png is not None:
-        check_writable(args.png, "--png")
+    for flag, path in (("--png", args.png), ("--html", args.html)):
+        if path is not None:
+            check_writable(path, flag)
     fn, fn_args = load_target(args.target)
     from .._report._memory import memory
     from .._report._memory_plot import plot_memory, render_memory, summary
@@ -65,4 +69,8 @@ def run(args: argparse.Namespace) -> int:
         print(summary(view) + "\n")
     if args.png is not None:
         print(f"wrote {plot_memory(views, args.png, title=args.target)}")
+    if args.html is not None:
+        from .._report._memory_html import memory_html
+
+        print(f"wrote {memory_html(views, args.html, title=args.target, top=args.top)}")
     return 0

@@ -8,6 +8,8 @@ once with XLA's dump written to a temporary folder, and read by
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +31,7 @@ from .._measure._step import Step, as_step, loss_of, lower_step
 from .._measure._xla_dump import compile_with_dump
 from .._shard._sharding import num_devices
 
+_TAG = re.compile(r"^remat_s\d+_e\d+(_\d+)?$")
 _NOT_CALLABLE = "`remat.memory` got fn={got!r}, which is not callable; pass the loss function."
 _BOTH = (
     "`remat.memory` got strategy={strategy!r} and a plan; pass one of them: the strategy "
@@ -76,6 +79,22 @@ def _outputs(lowered: Any, step: Step) -> dict[int, tuple[str, str]]:
         else:
             outputs[index] = (OUTPUT, f"loss{rest}")
     return outputs
+
+
+def _user_names(residuals: Sequence[Any], plan: Any) -> list[Any]:
+    """The residuals with the planner's value tags (``remat_s0_e3``) replaced by the
+    program's own `checkpoint_name` for the value, or by nothing (the primitive names it)."""
+    renames: dict[str, str | None] = {}
+    if plan is not None:
+        from .._plan._json import read_plan
+        from .._plan._result import Plan
+
+        plan = plan if isinstance(plan, Plan) else read_plan(plan)
+        renames = {v.name: v.user_name for scan in plan.scans for v in scan.saved}
+    return [
+        dataclasses.replace(r, name=renames.get(r.name)) if r.name and _TAG.match(r.name) else r
+        for r in residuals
+    ]
 
 
 def memory(
@@ -133,6 +152,7 @@ def memory(
     argnums = argnums if isinstance(argnums, int) else argnums_t
     spec = as_step(Step(argnums, bool(has_aux), optimizer), "remat.memory")
     chosen = plan if plan is not None else strategy
+    plan_given = False
     if chosen is None:
         target, default_label = fn, "as written"
     else:
@@ -145,7 +165,10 @@ def memory(
     _check_scalar(target, args, spec.has_aux, where="remat.memory")
     lowered = lower_step(target, args, spec)
     compiled, dump = compile_with_dump(lowered)
-    residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
+    residuals = _user_names(
+        saved_residuals(loss_of(target, spec), *args, argnums=argnums),
+        chosen if plan_given else None,
+    )
     return read_memory(
         dump,
         compiled_memory(compiled).peak_bytes,
