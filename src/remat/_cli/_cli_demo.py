@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"sizes must be positive and --repeats >= 0; got {sizes}", EXIT_USAGE)
     from .._core._io import check_folder
 
-    check_folder(args.out, ("report.json", "pareto.png"), "--out")  # fails now, not later
+    check_folder(
+        args.out, ("report.json", "pareto.png", "memory.png"), "--out"
+    )  # fails now, not later
     title = "GPT: {layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}"
     title = title.format(**sizes)
     build = make_gpt
@@ -162,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     print(plan_line)
+    try:
+        print(memory_picture(loss_fn, fn_args, args.out / "memory.png"))
+    except OSError as err:
+        raise CliError(f"cannot write into {args.out}: {err}", EXIT_USAGE) from err
     if not getattr(args, "sharded", False) and not getattr(args, "no_unrolled", False):
         from ._cli_demo_unrolled import unrolled_table
 
@@ -198,6 +204,25 @@ def _plan_half(loss_fn, fn_args) -> tuple[list, str]:
         f"{p.solve_seconds:.1f} s."
     )
     return [("plan 50%", peak, m.flops)], line
+
+
+def memory_picture(loss_fn, fn_args, path: Path, fraction: float = 0.35) -> str:
+    """Draws the step as written next to its plan for ``fraction`` of the peak (`remat.memory`,
+    one compile each) and says where each peak is and what fills it."""
+    from .._plan import _plan
+    from .._report._memory import memory
+    from .._report._memory_plot import plot_memory
+
+    views = [memory(loss_fn, *fn_args)]
+    try:
+        planned = _plan.plan(loss_fn, *fn_args, budget=fraction)
+    except _plan.InfeasibleBudget:
+        pass
+    else:
+        views.append(memory(loss_fn, *fn_args, plan=planned, label=f"plan {fraction:.0%}"))
+    plot_memory(views, path, title="where the memory goes (remat.memory)")
+    lines = [f"{view.label}: {view.summary()}" for view in views]
+    return "\n".join(lines) + f"\nwrote {path}"
 
 
 def pick_sentence(report: Report, fraction: float = 0.5) -> str:

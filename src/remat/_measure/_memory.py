@@ -90,6 +90,15 @@ class LiveValue:
     end: int = 0
     instruction: str = ""
 
+    def describe(self) -> str:
+        """One line: the label, and for a stacked value its steps and scan."""
+        text = self.label
+        if self.steps > 1:
+            text += f" × {self.steps} steps"
+        if self.scan:
+            text += f" of {self.scan}"
+        return text
+
 
 @dataclasses.dataclass(frozen=True)
 class MemoryView:
@@ -147,6 +156,31 @@ class MemoryView:
         for value in self.live_at_peak:
             totals[value.kind] += value.bytes
         return dict(totals.most_common())
+
+    def summary(self, top: int = 3) -> str:
+        """One sentence: where the peak is and what fills it.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, remat
+          >>> def loss(ws, x):
+          ...     x, _ = jax.lax.scan(lambda y, w: (jnp.tanh(y @ w), None), x, ws)
+          ...     return x.sum()
+          >>> view = remat.memory(loss, jnp.ones((4, 64, 64)), jnp.ones((2048, 64)))
+          >>> view.summary(top=1)[:42]
+          'peak 8.6 MiB in the forward, at while/body'
+        """
+        mib = 2**20
+        kinds = ", ".join(
+            f"{kind} {nbytes / mib:.1f} MiB"
+            for kind, nbytes in list(self.kind_bytes_at_peak().items())[:4]
+        )
+        largest = "; ".join(
+            f"{v.describe()} {v.bytes / mib:.1f} MiB" for v in self.live_at_peak[:top]
+        )
+        return (
+            f"peak {self.peak_bytes / mib:.1f} MiB in the {self.where()}: {kinds}. "
+            f"Largest: {largest}."
+        )
 
     def where(self, index: int | None = None) -> str:
         """``"forward"`` or ``"backward"`` and the op at a position (default: the peak)."""

@@ -29,13 +29,8 @@ _NO_VIEWS = "`remat.plot_memory` got no views; pass one or more `remat.MemoryVie
 
 
 def describe(value) -> str:
-    """One line for a live value: its label, and for a stacked one its steps and scan."""
-    text = value.label
-    if value.steps > 1:
-        text += f" × {value.steps} steps"
-    if value.scan:
-        text += f" of {value.scan}"
-    return text
+    """`remat.LiveValue.describe`."""
+    return value.describe()
 
 
 def memory_table(view: MemoryView, top: int = 12):
@@ -92,13 +87,8 @@ def render_memory(view: MemoryView, top: int = 12, width: int = 120) -> str:
 
 
 def summary(view: MemoryView, top: int = 3) -> str:
-    """One sentence: where the peak is and what fills it."""
-    kinds = view.kind_bytes_at_peak()
-    parts = ", ".join(f"{kind} {nbytes / MIB:.1f} MiB" for kind, nbytes in list(kinds.items())[:4])
-    largest = "; ".join(f"{describe(v)} {v.bytes / MIB:.1f} MiB" for v in view.live_at_peak[:top])
-    return (
-        f"peak {view.peak_bytes / MIB:.1f} MiB in the {view.where()}: {parts}. Largest: {largest}."
-    )
+    """`remat.MemoryView.summary`."""
+    return view.summary(top)
 
 
 def plot_memory(
