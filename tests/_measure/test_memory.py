@@ -143,6 +143,11 @@ def test_a_plan_is_compiled_as_planned():
     view = remat.memory(loss, *fn_args, plan=plan)
     assert view.label == "plan"
     assert view.peak_bytes == plan.measured_peak_bytes
+    assert plan.explain(memory=view).rstrip().endswith(
+        view.summary().split(" Largest")[0][-20:]
+        + " Largest: "
+        + view.summary().split(" Largest: ")[1]
+    ) or view.summary()[:30] in plan.explain(memory=view, width=400)
 
 
 def test_bad_input_names_remat_memory():
@@ -204,3 +209,30 @@ def test_a_sharded_step_is_read_per_device():
     assert done.returncode == 0, done.stderr[-3000:]
     # the batch of 64 over 8 devices: 8 rows per device in every saved activation
     assert done.stdout.split("\n")[-2] == "8 True [(4, 8, 32)]"
+
+
+def test_binomial_schedule_shows_its_snapshot_slots():
+    strategy = remat.Strategy("full", schedule=remat.Binomial(2))
+    view = remat.memory(named_stack, *args(), strategy=strategy)
+    stacked = [v for v in view.live_at_peak if v.kind == "saved" and v.steps > 1]
+    # Revolve with 2 snapshots keeps the carries it checkpoints in 3 slots (the initial
+    # carry and 2 snapshots), B x D each
+    assert [(v.steps, v.shape) for v in stacked] == [(3, (3, B, D))]
+    assert (
+        view.peak_bytes
+        == remat.measure(named_stack, *args(), strategy=strategy, repeats=0).peak_bytes
+    )
+
+
+@pytest.mark.slow  # the demo GPT at its demo sizes: two compiles of 6 s
+def test_demo_gpt_peak_is_led_by_the_layer_scans_named_residuals():
+    from remat._models._gpt import make_demo_gpt
+
+    loss, fn_args = make_demo_gpt()
+    view = remat.memory(loss, *fn_args)
+    assert view.peak_bytes == remat.measure(loss, *fn_args, repeats=0).peak_bytes
+    assert view.unused_bytes <= 0.01 * view.peak_bytes
+    top = view.live_at_peak[:8]
+    assert all(v.kind == "saved" and v.scan == "GPT.stack" and v.steps == 8 for v in top)
+    labels = {v.label for v in view.live_at_peak if v.kind == "saved"}
+    assert {"attn_probs (div)", "mlp_hidden (dot_general)"} <= labels

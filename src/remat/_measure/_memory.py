@@ -269,7 +269,10 @@ def _producer(dump: Dump, buffer: _Buffer) -> Value:
         if dump.op_names.get(v.instruction) and dump.opcodes.get(v.instruction) not in _LOOK_THROUGH
     ]
     for value in named:
-        if dump.op_names[value.instruction].endswith("dynamic_update_slice"):
+        if dump.op_names[value.instruction].endswith("dynamic_update_slice") or (
+            "dynamic-update-slice" in value.instruction
+            and "/while/" in dump.op_names[value.instruction]
+        ):
             return value
     return named[0] if named else buffer.values[0]
 
@@ -368,7 +371,11 @@ def _classify(dump, buffer, boundary, inputs, outputs, residuals) -> LiveValue:
         return LiveValue(kind=RECOMPUTE, label=primitive, scan=scan, **common)
     if not backward and boundary is not None and buffer.end >= boundary and op_name:
         steps, primitive = 1, op_name.rsplit("/", 1)[-1]
-        if scan is not None and primitive == "dynamic_update_slice" and len(dims) > 1:
+        if (
+            scan is not None
+            and "dynamic-update-slice" in producer.instruction + primitive.replace("_", "-")
+            and len(dims) > 1
+        ):
             steps = dims[0]
         primitive = _primitive(dump, producer.instruction) or primitive
         if primitive == "dynamic_update_slice":

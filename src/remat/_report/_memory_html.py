@@ -124,7 +124,7 @@ def _table(view: MemoryView, top: int) -> str:
             "<tr>"
             f'<td class="n">{v.bytes / MIB:.2f}</td><td class="n">'
             f"{v.bytes / max(view.peak_bytes, 1):.1%}</td>"
-            f'<td><span class="sw" style="background:{COLORS[v.kind]}"></span>{v.kind}</td>'
+            f'<td class="k"><span class="sw" style="background:{COLORS[v.kind]}"></span>{v.kind}</td>'
             f"<td>{html.escape(describe(v))}</td><td>{v.dtype}{list(v.shape)}</td>"
             f"<td>{html.escape(v.source or '')}</td></tr>"
         )
@@ -176,6 +176,7 @@ h2 {{ font-size: 16px; margin: 4px 0; }} p {{ font-size: 13px; margin: 2px 0 6px
 table {{ border-collapse: collapse; font-size: 12px; width: 100%; }}
 td, th {{ border-bottom: 1px solid #eee; padding: 2px 4px; text-align: left; }}
 td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+td.k {{ white-space: nowrap; }}
 .sw {{ display: inline-block; width: 10px; height: 10px; margin-right: 4px; }}
 .key {{ margin-right: 12px; font-size: 13px; }}
 rect.hover:hover {{ fill: rgba(0, 0, 0, 0.12); }}
