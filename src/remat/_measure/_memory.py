@@ -56,6 +56,9 @@ _DTYPES = {
     "u64": "uint64", "pred": "bool", "c64": "complex64", "c128": "complex128",
     "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
 }  # fmt: skip
+_TRANSFORM = re.compile(
+    r"^(jit|jvp|transpose|pjit|vmap|remat|checkpoint|closed_call|rematted_computation)(\(|$)"
+)
 _LOOK_THROUGH = ("bitcast", "copy", "get-tuple-element", "reshape", "tuple", "parameter")
 
 
@@ -202,17 +205,25 @@ def short_op_name(op_name: str) -> str:
 
 def _is_transform(part: str) -> bool:
     return bool(
-        re.match(r"^(jit|jvp|transpose|pjit|vmap|remat|checkpoint|closed_call)(\(|$)", part)
+        re.match(
+            r"^(jit|jvp|transpose|pjit|vmap|remat|checkpoint|closed_call|rematted_computation)(\(|$)",
+            part,
+        )
     )
 
 
 def scope_of(op_name: str) -> str | None:
-    """The named scope of the loop an ``op_name`` is in: the part before ``/while``."""
-    short = short_op_name(op_name)
-    if "/while" not in "/" + short:
+    """The named scope of the loop an ``op_name`` is in: the part before ``/while``, or the
+    first scope inside the loop's body when the loop has none (``flax.linen.scan``)."""
+    short = "/" + short_op_name(op_name)
+    if "/while" not in short:
         return None
-    head = ("/" + short).split("/while", 1)[0].strip("/")
-    return head or "scan"
+    head, _, rest = short.partition("/while")
+    head = head.strip("/")
+    if head:
+        return head
+    parts = [p for p in rest.split("/") if p and p not in ("body", "cond")]
+    return parts[0] if len(parts) > 1 else "scan"
 
 
 def parse_shape(text: str) -> tuple[tuple[int, ...], str]:
@@ -301,6 +312,11 @@ def backward_start(dump: Dump) -> int | None:
 def _primitive(dump: Dump, instruction: str | None) -> str:
     """The JAX primitive that computed an instruction's value, looking into fusions, through
     copies and bitcasts, and from a dynamic-update-slice to the value it writes."""
+    return _origin(dump, instruction).rsplit("/", 1)[-1]
+
+
+def _origin(dump: Dump, instruction: str | None) -> str:
+    """The ``op_name`` of the instruction that computed a value (see `_primitive`)."""
     callers = {computation: fusion for fusion, computation in dump.calls.items()}
     for _ in range(16):
         if instruction is None:
@@ -321,8 +337,7 @@ def _primitive(dump: Dump, instruction: str | None) -> str:
         elif opcode in _LOOK_THROUGH or opcode == "reduce-precision":
             instruction = operands[0] if operands and opcode != "get-tuple-element" else None
         else:
-            op_name = dump.op_names.get(instruction, "")
-            return op_name.rsplit("/", 1)[-1] if op_name else opcode
+            return dump.op_names.get(instruction, "") or opcode
     return ""
 
 
@@ -377,7 +392,10 @@ def _classify(dump, buffer, boundary, inputs, outputs, residuals) -> LiveValue:
             and len(dims) > 1
         ):
             steps = dims[0]
-        primitive = _primitive(dump, producer.instruction) or primitive
+        origin = _origin(dump, producer.instruction)
+        primitive = origin.rsplit("/", 1)[-1] or primitive
+        if scan == "scan":
+            scan = scope_of(origin) or scan
         if primitive == "dynamic_update_slice":
             primitive = "stacked value"
         name, source = _match(residuals, dims, dtype, steps, primitive)

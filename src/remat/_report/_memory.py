@@ -159,9 +159,9 @@ def memory(
         from .._core._strategy import as_strategy
         from .._plan._apply import apply, is_plan
 
-        target = apply(fn, chosen, has_aux=has_aux, roll=roll, override=override)
         plan_given = is_plan(chosen)
         default_label = "plan" if plan_given else as_strategy(chosen, "remat.memory").name
+        target = apply(fn, chosen, has_aux=has_aux, roll=roll, override=override)
     _check_scalar(target, args, spec.has_aux, where="remat.memory")
     lowered = lower_step(target, args, spec)
     compiled, dump = compile_with_dump(lowered)
