@@ -34,6 +34,12 @@ def page(tmp_path_factory):
     return memory_html(views, tmp_path_factory.mktemp("page") / "memory.html"), views
 
 
+def test_every_kind_has_a_colour():
+    from remat._measure._memory import KINDS
+
+    assert set(COLORS) == set(KINDS)
+
+
 def test_the_page_is_self_contained(page):
     path, views = page
     text = path.read_text()

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             check_writable(path, flag)
     fn, fn_args = load_target(args.target)
     from .._report._memory import memory
-    from .._report._memory_plot import plot_memory, render_memory, summary
+    from .._report._memory_plot import plot_memory, render_memory
 
     common = dict(argnums=argnums, has_aux=args.has_aux)
     views = [memory(fn, *fn_args, **common)]
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     width = shutil.get_terminal_size((120, 24)).columns
     for view in views:
         print(render_memory(view, args.top, width))
-        print(summary(view) + "\n")
+        print(view.summary() + "\n")
     if args.png is not None:
         print(f"wrote {plot_memory(views, args.png, title=args.target)}")
     if args.html is not None:

@@ -309,14 +309,9 @@ def backward_start(dump: Dump) -> int | None:
     return int(np.argmin(forward_after + backward_before))
 
 
-def _primitive(dump: Dump, instruction: str | None) -> str:
-    """The JAX primitive that computed an instruction's value, looking into fusions, through
-    copies and bitcasts, and from a dynamic-update-slice to the value it writes."""
-    return _origin(dump, instruction).rsplit("/", 1)[-1]
-
-
 def _origin(dump: Dump, instruction: str | None) -> str:
-    """The ``op_name`` of the instruction that computed a value (see `_primitive`)."""
+    """The ``op_name`` of the instruction that computed a value, looking into fusions,
+    through copies and bitcasts, and from a dynamic-update-slice to the value it writes."""
     callers = {computation: fusion for fusion, computation in dump.calls.items()}
     for _ in range(16):
         if instruction is None:

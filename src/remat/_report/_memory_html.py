@@ -13,7 +13,7 @@ from pathlib import Path
 from .._core._budget import MIB
 from .._core._io import atomic_write_text
 from .._measure._memory import KINDS, MemoryView, short_op_name
-from ._memory_plot import COLORS, describe
+from ._memory_plot import COLORS
 
 _W, _H, _LEFT, _BOTTOM, _TOP = 640, 320, 56, 34, 24
 _BINS = 320  # columns drawn per panel at most (each the largest of the positions it covers)
@@ -125,7 +125,7 @@ def _table(view: MemoryView, top: int) -> str:
             f'<td class="n">{v.bytes / MIB:.2f}</td><td class="n">'
             f"{v.bytes / max(view.peak_bytes, 1):.1%}</td>"
             f'<td class="k"><span class="sw" style="background:{COLORS[v.kind]}"></span>{v.kind}</td>'
-            f"<td>{html.escape(describe(v))}</td><td>{v.dtype}{list(v.shape)}</td>"
+            f"<td>{html.escape(v.describe())}</td><td>{v.dtype}{list(v.shape)}</td>"
             f"<td>{html.escape(v.source or '')}</td></tr>"
         )
     return (

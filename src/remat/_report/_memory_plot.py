@@ -23,14 +23,8 @@ COLORS = {
     "recomputation": "#CC79A7",
     "temporary": "#E69F00",
 }
-assert set(COLORS) == set(KINDS)
 
 _NO_VIEWS = "`remat.plot_memory` got no views; pass one or more `remat.MemoryView` s."
-
-
-def describe(value) -> str:
-    """`remat.LiveValue.describe`."""
-    return value.describe()
 
 
 def memory_table(view: MemoryView, top: int = 12):
@@ -53,7 +47,7 @@ def memory_table(view: MemoryView, top: int = 12):
             f"{value.bytes / MIB:.2f}",
             f"{value.bytes / max(view.peak_bytes, 1):.1%}",
             value.kind,
-            describe(value),
+            value.describe(),
             f"{value.dtype}{list(value.shape)}",
             value.source or "",
         )
@@ -84,11 +78,6 @@ def render_memory(view: MemoryView, top: int = 12, width: int = 120) -> str:
     console = Console(width=width, record=True, file=io.StringIO())
     console.print(memory_table(view, top))
     return console.export_text()
-
-
-def summary(view: MemoryView, top: int = 3) -> str:
-    """`remat.MemoryView.summary`."""
-    return view.summary(top)
 
 
 def plot_memory(
@@ -174,7 +163,7 @@ def _panel(ax, view: MemoryView, top: float) -> None:
     note = f"peak {peak:.1f} MiB"
     if largest is not None:
         share = sum(v.bytes for v in view.live_at_peak if v.kind == largest.kind)
-        note += f"\n{largest.kind}: {share / MIB:.1f} MiB\nlargest: {describe(largest)}"
+        note += f"\n{largest.kind}: {share / MIB:.1f} MiB\nlargest: {largest.describe()}"
     right = view.peak_index > 0.6 * len(view.live_bytes)
     ax.annotate(
         note, (view.peak_index, peak), xytext=(-8 if right else 8, -6),
