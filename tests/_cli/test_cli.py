@@ -236,6 +236,7 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
     assert printed[-2].startswith("as written: peak ") and "saved" in printed[-2]
     assert printed[-1] == f"wrote {out / 'memory.png'}"
     assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
+    assert report.pictures == (("none", "memory.png"),)  # the baseline's row links to it
 
 
 def test_demo_training_step_section(monkeypatch):

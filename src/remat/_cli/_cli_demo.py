@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     half = 0.5 * report.baseline_measurement.peak_bytes
     planned, plan_line = _plan_half(loss_fn, fn_args)
     try:
+        memory_lines = memory_picture(loss_fn, fn_args, args.out / "memory.png")
+        report = report.with_pictures({report.baseline: "memory.png"})  # beside report.json
         json_path = report.to_json(args.out / "report.json")
         png_path = report.plot(
             args.out / "pareto.png",
@@ -164,10 +166,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     print(plan_line)
-    try:
-        print(memory_picture(loss_fn, fn_args, args.out / "memory.png"))
-    except OSError as err:
-        raise CliError(f"cannot write into {args.out}: {err}", EXIT_USAGE) from err
+    print(memory_lines)
     if not getattr(args, "sharded", False) and not getattr(args, "no_unrolled", False):
         from ._cli_demo_unrolled import unrolled_table
 
