@@ -35,6 +35,8 @@ from ._measure._measurement import Measurement as Measurement
 from ._measure._measurement import Residual as Residual
 from ._measure._measurement import Timing as Timing
 from ._measure._measure import measure as measure
+from ._measure._memory import LiveValue as LiveValue
+from ._measure._memory import MemoryView as MemoryView
 
 # --- plan ---
 from ._plan._json import load_plan as load_plan
@@ -44,6 +46,8 @@ from ._plan._result import Plan as Plan
 
 # --- compare, report ---
 from ._report._compare import compare as compare
+from ._report._memory import memory as memory
+from ._report._memory_plot import plot_memory as plot_memory
 from ._report._report import Machine as Machine
 from ._report._report import Report as Report
 
@@ -57,8 +61,10 @@ __all__ = [
     "Binomial",
     "Finding",
     "InfeasibleBudget",
+    "LiveValue",
     "Machine",
     "Measurement",
+    "MemoryView",
     "Nested",
     "Plan",
     "RematWarning",
@@ -73,8 +79,10 @@ __all__ = [
     "list_scans",
     "load_plan",
     "measure",
+    "memory",
     "per_device_bytes",
     "plan",
+    "plot_memory",
     "revolve_cost",
     "revolve_schedule",
     "rewrite_scans",

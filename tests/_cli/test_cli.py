@@ -229,9 +229,14 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
     for label in report.labels:
         assert any(label in line for line in printed)
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
-    assert printed[-2] == pick_sentence(report)
-    assert "pick full:" in printed[-2]  # hand-made rows: full is the cheapest under 20 MiB
-    assert printed[-1].startswith("remat.plan: remat.plan cannot fit budget 0.5")
+    assert printed[-4] == pick_sentence(report)
+    assert "pick full:" in printed[-4]  # hand-made rows: full is the cheapest under 20 MiB
+    assert printed[-3].startswith("remat.plan: remat.plan cannot fit budget 0.5")
+    # the memory picture: the step as written (the fake planner fits no plan beside it)
+    assert printed[-2].startswith("as written: peak ") and "saved" in printed[-2]
+    assert printed[-1] == f"wrote {out / 'memory.png'}"
+    assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
+    assert report.pictures == (("none", "memory.png"),)  # the baseline's row links to it
 
 
 def test_demo_training_step_section(monkeypatch):

@@ -173,3 +173,12 @@ def test_labels_do_not_overlap_each_other_or_leave_the_axes():
         )
         for b in boxes[i + 1 :]:
             assert _overlap(a, b) == 0.0
+
+
+def test_rows_link_to_their_memory_pictures(tmp_path, report):
+    linked = report.with_pictures({"none": "memory.png"})
+    assert linked.pictures == (("none", "memory.png"),)
+    assert "where the memory of none goes: memory.png" in linked.render()
+    assert Report.from_json(linked.to_json(tmp_path / "report.json")) == linked
+    with pytest.raises(ValueError, match=r"`remat.Report` got a picture for 'nope'"):
+        report.with_pictures({"nope": "x.png"})

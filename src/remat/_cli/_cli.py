@@ -29,6 +29,7 @@ from ._errors import (
 COMMANDS = {
     "demo": "remat._cli._cli_demo",
     "measure": "remat._cli._cli_measure",
+    "memory": "remat._cli._cli_memory",
     "compare": "remat._cli._cli_compare",
     "plan": "remat._cli._cli_plan",
     "lint": "remat._cli._cli_lint",

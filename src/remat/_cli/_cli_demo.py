@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"sizes must be positive and --repeats >= 0; got {sizes}", EXIT_USAGE)
     from .._core._io import check_folder
 
-    check_folder(args.out, ("report.json", "pareto.png"), "--out")  # fails now, not later
+    check_folder(
+        args.out, ("report.json", "pareto.png", "memory.png"), "--out"
+    )  # fails now, not later
     title = "GPT: {layers} layers, d_model {d_model}, {heads} heads, seq {seq}, batch {batch}"
     title = title.format(**sizes)
     build = make_gpt
@@ -149,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     half = 0.5 * report.baseline_measurement.peak_bytes
     planned, plan_line = _plan_half(loss_fn, fn_args)
     try:
+        memory_lines = memory_picture(loss_fn, fn_args, args.out / "memory.png")
+        report = report.with_pictures({report.baseline: "memory.png"})  # beside report.json
         json_path = report.to_json(args.out / "report.json")
         png_path = report.plot(
             args.out / "pareto.png",
@@ -162,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {json_path} and {png_path} ({time.perf_counter() - start:.0f} s)")
     print(pick_sentence(report))
     print(plan_line)
+    print(memory_lines)
     if not getattr(args, "sharded", False) and not getattr(args, "no_unrolled", False):
         from ._cli_demo_unrolled import unrolled_table
 
@@ -198,6 +203,25 @@ def _plan_half(loss_fn, fn_args) -> tuple[list, str]:
         f"{p.solve_seconds:.1f} s."
     )
     return [("plan 50%", peak, m.flops)], line
+
+
+def memory_picture(loss_fn, fn_args, path: Path, fraction: float = 0.35) -> str:
+    """Draws the step as written next to its plan for ``fraction`` of the peak (`remat.memory`,
+    one compile each) and says where each peak is and what fills it."""
+    from .._plan import _plan
+    from .._report._memory import memory
+    from .._report._memory_plot import plot_memory
+
+    views = [memory(loss_fn, *fn_args)]
+    try:
+        planned = _plan.plan(loss_fn, *fn_args, budget=fraction)
+    except _plan.InfeasibleBudget:
+        pass
+    else:
+        views.append(memory(loss_fn, *fn_args, plan=planned, label=f"plan {fraction:.0%}"))
+    plot_memory(views, path, title="where the memory goes (remat.memory)")
+    lines = [f"{view.label}: {view.summary()}" for view in views]
+    return "\n".join(lines) + f"\nwrote {path}"
 
 
 def pick_sentence(report: Report, fraction: float = 0.5) -> str:

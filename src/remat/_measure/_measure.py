@@ -182,6 +182,40 @@ def time_compiled(compiled: Callable[..., Any], args: Sequence[Any], repeats: in
     return Timing(median=statistics.median(times), min=min(times), max=max(times), repeats=repeats)
 
 
+def build_measurement(
+    compiled: Any,
+    *,
+    residuals: Sequence[Any],
+    flops: float,
+    forward_flops: float,
+    compile_seconds: float,
+    strategy: str,
+    recompute_requested: bool,
+    recompute_eliminated: bool = False,
+    seconds: Timing | None = None,
+    plain_flops: float | None = None,
+    plain_peak_bytes: int | None = None,
+) -> Measurement:
+    """The one place a `remat.Measurement` is made from a compiled step: its memory
+    (`measure_compiled`), backend and devices read from ``compiled``, the rest given."""
+    return Measurement(
+        **measure_compiled(compiled),
+        residuals=tuple(residuals),
+        residual_bytes=sum(r.total_bytes for r in residuals),
+        flops=flops,
+        forward_flops=forward_flops,
+        recompute_requested=recompute_requested,
+        recompute_eliminated=recompute_eliminated,
+        compile_seconds=compile_seconds,
+        seconds=seconds,
+        strategy=strategy,
+        backend=jax.default_backend(),
+        num_devices=num_devices(compiled),
+        plain_flops=plain_flops,
+        plain_peak_bytes=plain_peak_bytes,
+    )
+
+
 ### Validation
 
 
@@ -189,7 +223,16 @@ def _dtype(leaf: Any) -> Any:
     return dtype_of(leaf)
 
 
-def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
+def _check_args(
+    args: Sequence[Any], argnums: Any, repeats: int, where: str = "remat.measure"
+) -> tuple[int, ...]:
+    try:
+        return _check_args_of(args, argnums, repeats)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("`remat.measure`", f"`{where}`")) from None
+
+
+def _check_args_of(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
     argnums = argnums_of(argnums)
     n = len(args)
     argnums_t = (argnums,) if isinstance(argnums, int) else argnums
@@ -224,7 +267,16 @@ def _check_args(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, .
     return tuple(argnums_t)
 
 
-def _check_scalar(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False) -> None:
+def _check_scalar(
+    fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False, where: str = "remat.measure"
+) -> None:
+    try:
+        _check_scalar_of(fn, args, has_aux)
+    except ValueError as err:
+        raise ValueError(str(err).replace("`remat.measure`", f"`{where}`")) from None
+
+
+def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> None:
     out = jax.eval_shape(fn, *args)
     if has_aux:
         if not isinstance(out, tuple | list) or len(out) != 2:
@@ -406,10 +458,9 @@ def measure(
     if plain is not None:
         _warn_if_worse(fn, args, spec, memory["peak_bytes"], plain_peak, label, name)
     seconds = time_step(compiled, args, spec, repeats) if repeats > 0 else None
-    return Measurement(
-        **memory,
+    return build_measurement(
+        compiled,
         residuals=residuals,
-        residual_bytes=sum(r.total_bytes for r in residuals),
         flops=flops,
         forward_flops=forward_flops,
         recompute_requested=requested,
@@ -417,8 +468,6 @@ def measure(
         compile_seconds=compile_seconds,
         seconds=seconds,
         strategy=label,
-        backend=backend,
-        num_devices=num_devices(compiled),
         plain_flops=plain_flops,
         plain_peak_bytes=plain_peak,
     )

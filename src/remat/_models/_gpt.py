@@ -215,3 +215,10 @@ def make_gpt(
     tokens = jax.random.randint(token_key, (batch, seq + 1), 0, vocab, dtype=jnp.int32)
     params = jax.jit(model.init)(param_key, tokens[:, :-1])["params"]
     return _cross_entropy(model), (params, tokens)
+
+
+def make_demo_gpt() -> tuple[Callable[..., jax.Array], tuple[Any, jax.Array]]:
+    """`make_gpt` at ``remat demo``'s sizes (8 layers, d_model 128, seq 128, batch 8, 4
+    heads): a factory for the command line, e.g. ``remat memory
+    remat._models._gpt:make_demo_gpt``."""
+    return make_gpt(layers=8, d_model=128, seq=128, batch=8, heads=4)

@@ -125,9 +125,8 @@ def compile_measure(
     judged eliminated when the plan's matmul FLOPs are not above the un-checkpointed step's.
     """
     from .._measure._hlo import hlo_flops
-    from .._measure._measure import measure_compiled
+    from .._measure._measure import build_measurement
     from .._measure._residuals import saved_residuals
-    from .._shard._sharding import num_devices
     from .._trace._checkpoints import traced_dot_flops
 
     lowered = lower_step(fn, args, argnums)
@@ -145,19 +144,14 @@ def compile_measure(
         compiled, seconds = pending.result()
     flops = hlo_flops(compiled.as_text())
     requested = baseline is not None
-    measurement = Measurement(
-        **measure_compiled(compiled),
+    measurement = build_measurement(
+        compiled,
         residuals=residuals,
-        residual_bytes=sum(r.total_bytes for r in residuals),
         flops=flops,
         forward_flops=forward,
         recompute_requested=requested,
-        recompute_eliminated=False,
         compile_seconds=seconds,
-        seconds=None,
         strategy=label,
-        backend=jax.default_backend(),
-        num_devices=num_devices(compiled),
         plain_flops=None if baseline is None else baseline.flops,
     )
     return measurement if meanwhile is None else (measurement, beside)

@@ -197,18 +197,26 @@ class Plan:
 
         return plan_table(self)
 
-    def explain(self, width: int = 110) -> str:
+    def explain(self, width: int = 110, memory: Any = None) -> str:
         """A readable account of the plan: per scan, the schedule and each saved value.
 
         Per scan: its source, length, schedule and recomputed FLOPs, and a table of the values
         saved at each step (checkpoint name, primitive, shape, bytes × copies, source line);
         then the budget, the predicted and the measured peak, the step's FLOPs relative to no
         checkpointing and the solve time. `remat.plan`'s example shows it.
+
+        Args:
+          width: characters per line.
+          memory: the plan's `remat.MemoryView` (``remat.memory(fn, *args, plan=plan)``,
+            one more compile of the step, made only when asked for): adds where the peak is
+            and what fills it.
         """
         from rich.console import Console
 
         console = Console(width=width, record=True, file=io.StringIO())
         console.print(self.table())
+        if memory is not None:
+            console.print(memory.summary(), highlight=False)
         return console.export_text()
 
     def __str__(self) -> str:

@@ -12,14 +12,11 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .._core._budget import MIB
 from .._core._io import atomic_path
 from ._pareto import pareto_front
-
-if TYPE_CHECKING:
-    from ._report import Report
 
 _BAD_Y = "`remat.Report.plot` got y={y!r}; expected 'flops' (step FLOPs) or 'time' (ms per step)."
 _NO_TIMES = (
@@ -37,7 +34,7 @@ _ANGLES = (0, 35, -35, 180, 145, -145, 90, -90, 65, -65, 115, -115)
 
 
 def plot_report(
-    report: Report,
+    report: Any,
     path: str | os.PathLike,
     y: str = "flops",
     extra: Sequence[tuple[str, float, float]] = (),

@@ -39,6 +39,10 @@ _HEADERS = (
 _VERSION = 1
 _COMPACT_BELOW = 110  # consoles narrower than the full table get the compact one
 
+_NO_PICTURE_ROW = (
+    "`remat.Report` got a picture for {label!r}, which is not a row; the rows are {labels}. "
+    "Link pictures to the rows' labels."
+)
 _NO_ROWS = "`remat.Report` got no rows; expected at least the baseline's measurement."
 _DUPLICATE_LABEL = (
     "`remat.Report` got the label {label!r} twice; every strategy needs a distinct label "
@@ -119,6 +123,9 @@ class Report:
       baseline: the label of the row the others are compared with.
       machine: where it was measured.
       title: what was measured, e.g. ``"GPT: 4 layers, d_model 128, seq 128, batch 8"``.
+      pictures: ``(label, path)`` of the rows that have a picture of where their memory
+        goes (`remat.plot_memory`), e.g. ``remat demo``'s ``memory.png`` for the baseline;
+        see `Report.with_pictures`.
 
     Example:
       >>> import remat
@@ -144,6 +151,7 @@ class Report:
     baseline: str
     machine: Machine
     title: str = ""
+    pictures: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         rows = tuple((str(label), m) for label, m in self.rows)
@@ -156,6 +164,25 @@ class Report:
         if self.baseline not in labels:
             raise ValueError(_NO_BASELINE.format(baseline=self.baseline, labels=labels))
         object.__setattr__(self, "rows", rows)
+        pictures = dict(self.pictures)
+        for label in pictures:
+            if label not in labels:
+                raise ValueError(_NO_PICTURE_ROW.format(label=label, labels=labels))
+        object.__setattr__(self, "pictures", tuple((k, str(v)) for k, v in pictures.items()))
+
+    def with_pictures(self, pictures: dict[str, str | os.PathLike]) -> Report:
+        """This report with ``pictures`` (``label -> path``) linked to its rows.
+
+        Example:
+          >>> import remat
+          >>> from remat._report._report import Machine
+          >>> m = remat.Measurement(8, "x", 8, 0, 0, 0, (), 0, 1.0, 1.0, False, False, 0.0, None)
+          >>> machine = Machine("cpu", "cpu", 1, "0")
+          >>> report = remat.Report(rows=(("none", m),), baseline="none", machine=machine)
+          >>> report.with_pictures({"none": "memory.png"}).pictures
+          (('none', 'memory.png'),)
+        """
+        return dataclasses.replace(self, pictures={**dict(self.pictures), **pictures})
 
     # --- access ---
 
@@ -340,6 +367,8 @@ class Report:
 
         console = Console(file=io.StringIO(), width=width, color_system=None, highlight=False)
         console.print(self.table(compact=width < _COMPACT_BELOW))
+        for label, path in self.pictures:
+            console.print(f"where the memory of {label} goes: {path}")
         return console.file.getvalue()
 
     def __str__(self) -> str:
@@ -399,6 +428,7 @@ class Report:
             "baseline": self.baseline,
             "machine": dataclasses.asdict(self.machine),
             "rows": [{"label": label, **dataclasses.asdict(m)} for label, m in self.rows],
+            "pictures": dict(self.pictures),
         }
 
     @classmethod
@@ -413,6 +443,7 @@ class Report:
             baseline=data["baseline"],
             machine=from_plain(Machine, data["machine"]),
             title=data.get("title", ""),
+            pictures=tuple(data.get("pictures", {}).items()),
         )
 
     def to_json(self, path: str | os.PathLike) -> Path:
