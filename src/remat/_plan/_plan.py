@@ -83,7 +83,11 @@ def plan(
 
     Args:
       fn: a function returning a scalar loss; its scans are planned.
-      *args: its arguments (pytrees of arrays).
+      *args: its arguments: pytrees of arrays, or of `jax.ShapeDtypeStruct` s (with
+        ``sharding=`` on a mesh) for a model too large to hold here. The planner compiles
+        and reads memory and FLOPs, and never runs the step, so a plan made from shapes is
+        the plan made from arrays of those shapes (``plan.to_json`` carries it to the
+        machine that holds the values; ``explain()`` names the backend it was checked on).
       budget: bytes (``int``), a size with a unit (``"6GiB"``, ``"512MiB"``), or a fraction
         of the un-checkpointed peak (``0.5`` or ``"50%"``).
       argnums: which positional arguments are differentiated, as in `jax.grad`.
