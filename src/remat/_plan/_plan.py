@@ -40,6 +40,7 @@ from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
 from .._measure._step import Step, as_step
+from .._trace._traced import traced_once
 from ._args import (
     check_bool,
     check_device_memory,
@@ -171,7 +172,7 @@ def plan(
     check_inputs(fn, args, spec)  # before `has_scans` traces ``fn``
     progress = Progress(verbose)
     since = (tally(), time.perf_counter())
-    with no_cyclic_gc(), contextlib.closing(progress):
+    with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
         if roll and not has_scans(fn, args):
             (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
                                       device_memory, bandwidth, progress)  # fmt: skip
@@ -281,7 +282,7 @@ def plan_budgets(
     progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
     since: tuple[Any, ...] | None = (tally(), time.perf_counter())
-    with no_cyclic_gc(), contextlib.closing(progress):
+    with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
         if roll and not has_scans(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
                                     progress)  # fmt: skip
