@@ -25,6 +25,11 @@ def make():
         return jnp.sum(h ** 2)
     return loss, (jnp.full((3, 8, 8), 0.1), jnp.ones((2, 8)))
 
+def make_shapes():
+    loss, (w, x) = make()
+    spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+    return loss, (spec(w), spec(x))
+
 def raises():
     raise RuntimeError("boom\\nsecond line")
 
@@ -266,3 +271,24 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert len(report.rows) >= 6 and report.baseline == "none"
     assert printed[-2] == pick_sentence(report)
     assert printed[-1].startswith("remat.plan")  # the planner's choice for half the memory
+
+
+def test_every_command_takes_a_target_of_shapes(target_file, tmp_path, capsys):
+    """A factory may return `jax.ShapeDtypeStruct`s: measured and planned from shapes (the
+    default --repeats is then 0), the same numbers as from arrays; timing them is refused."""
+    shapes, arrays = f"{target_file}:make_shapes", f"{target_file}:make"
+    peaks = []
+    for target in (shapes, arrays):
+        path = tmp_path / "m.json"
+        extra = [] if target == shapes else ["--repeats", "0"]
+        assert main(["measure", target, "--json", str(path), *extra]) == 0
+        data = json.loads(path.read_text())
+        peaks.append(data["peak_bytes"])
+        assert data["seconds"] is None
+    assert peaks[0] == peaks[1]
+    assert main(["compare", shapes, "--strategies", "full"]) == 0
+    assert main(["plan", shapes, "--budget", "90%", "--out", str(tmp_path / "p")]) == 0
+    assert main(["lint", shapes]) == 0
+    capsys.readouterr()
+    assert main(["measure", shapes, "--repeats", "2"]) == EXIT_USAGE
+    assert "Pass repeats=0" in capsys.readouterr().err

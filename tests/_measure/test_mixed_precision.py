@@ -76,3 +76,36 @@ def test_plan_in_bf16():
     got = jax.grad(plan.fn, argnums=(0, 1))(ws, x)
     assert got[1].dtype == jnp.bfloat16
     assert_tree_allclose(got, jax.grad(loss, argnums=(0, 1))(ws, x))
+
+
+def low_loss(ws, x):
+    """`loss` with a loss of the compute dtype: a bf16 or fp16 scalar, as `jax.grad` takes."""
+
+    def layer(h, w):
+        return jnp.tanh(h @ w.astype(h.dtype)), None
+
+    h, _ = jax.lax.scan(layer, x, ws)
+    return jnp.mean(h**2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_scalar_losses_are_taken_wherever_jax_grad_takes_them(dtype):
+    ws, x = args(jnp.float32, dtype)
+    assert jax.eval_shape(low_loss, ws, x).dtype == dtype
+    want = jax.grad(low_loss)(ws, x)
+    report = remat.compare(low_loss, ws, x, strategies=["full"], repeats=1, progress=False)
+    assert report.labels == ("none", "full") and report["full"].seconds is not None
+    assert_tree_allclose(jax.grad(remat.apply(low_loss, "full"))(ws, x), want)
+    assert [f.code for f in remat.lint(low_loss, ws, x)] == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", remat.RematWarning)
+        plan = remat.plan(low_loss, ws, x, budget=0.8, schedules=False, verbose=False)
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    assert_tree_allclose(jax.grad(plan.fn)(ws, x), want)
+
+
+def test_an_integer_or_complex_loss_is_still_refused():
+    ws, x = args(jnp.float32, jnp.float32)
+    for cast in (jnp.int32, jnp.complex64):
+        with pytest.raises(ValueError, match=r"`remat.measure` needs a scalar-valued.*"):
+            remat.measure(lambda ws, x, c=cast: loss(ws, x).astype(c), ws, x, repeats=0)

@@ -315,6 +315,32 @@ def plan_fits_per_device_output_dominated():
     return out
 
 
+@case
+def plan_from_sharded_shapes():
+    """`jax.ShapeDtypeStruct`s with ``sharding=``: the plan of the placed arrays, per device."""
+    from remat._plan._memo import forget
+
+    mesh = make_mesh((4, 2), ("data", "model"))
+    ws, x = mlp_args(layers=6)
+    shardings = (NamedSharding(mesh, P(None, None, "model")), NamedSharding(mesh, P("data")))
+    specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+        for a, s in zip((ws, x), shardings, strict=True)
+    ]
+    placed = [jax.device_put(a, s) for a, s in zip((ws, x), shardings, strict=True)]
+    forget()
+    from_shapes = remat.plan(mlp_loss, *specs, budget=0.7, schedules=False, verbose=False)
+    forget()
+    from_arrays = remat.plan(mlp_loss, *placed, budget=0.7, schedules=False, verbose=False)
+    return {
+        "same_scans": from_shapes.scans == from_arrays.scans,
+        "peaks": [from_shapes.measured_peak_bytes, from_arrays.measured_peak_bytes],
+        "budgets": [from_shapes.budget_bytes, from_arrays.budget_bytes],
+        "devices": from_shapes.measured.num_devices,
+        "grads_equal": tree_allclose(jax.grad(from_shapes.fn)(*placed), jax.grad(mlp_loss)(ws, x)),
+    }
+
+
 def eight_model_bytes(placed, fn=mlp_loss):
     """Per-device bytes the planner's cost model gives the scan body's values."""
     from remat._plan._costmodel import model_scans

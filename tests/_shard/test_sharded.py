@@ -146,3 +146,11 @@ def test_per_device_plans_fit_an_output_dominated_stack(cases):
             continue
         assert r["devices"] == 8
         assert r["compiled"] == r["measured"] <= r["budget"], r
+
+
+def test_plan_from_sharded_shapes_is_the_plan_of_the_placed_arrays(cases):
+    out = result(cases, "plan_from_sharded_shapes")
+    assert out["devices"] == 8
+    assert out["same_scans"]
+    assert out["peaks"][0] == out["peaks"][1] <= out["budgets"][0] == out["budgets"][1]
+    assert out["grads_equal"]

@@ -98,7 +98,13 @@ def register(subparsers) -> None:
         action="store_true",
         help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
     )
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per strategy")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed runs per strategy (default 5; 0 when FACTORY returns jax.ShapeDtypeStructs: "
+        "shapes are compiled and measured, not run)",
+    )
     parser.add_argument("--out", type=Path, help="directory for report.json and pareto.png")
     parser.add_argument(
         "--no-roll",
@@ -109,7 +115,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._target import load_target
+    from ._target import load_target, repeats_for
 
     strategies = {label: parse_strategy(label) for label in split_strategies(args.strategies)}
     if not strategies:
@@ -129,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         strategies=strategies,
         baseline=args.baseline if args.baseline in strategies else baseline,
         argnums=argnums,
-        repeats=args.repeats,
+        repeats=repeats_for(args.repeats, fn_args),
         title=args.target,
         has_aux=args.has_aux,
         roll=not args.no_roll,

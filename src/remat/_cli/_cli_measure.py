@@ -27,7 +27,13 @@ def register(subparsers) -> None:
         help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
     )
     parser.add_argument("--strategy", default=None, help="apply this strategy first (e.g. full)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs after a warm-up")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed runs after a warm-up (default 5; 0 when FACTORY returns jax.ShapeDtypeStructs: "
+        "shapes are compiled and measured, not run)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the measurement")
     parser.add_argument(
         "--no-roll",
@@ -40,7 +46,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from .._core._io import atomic_write_text, check_writable
     from ._cli_compare import parse_argnums, parse_strategy
-    from ._target import load_target
+    from ._target import load_target, repeats_for
 
     if args.strategy is not None:
         strategy = parse_strategy(args.strategy, "remat measure --strategy")
@@ -57,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         *fn_args,
         argnums=argnums,
         strategy=strategy,
-        repeats=args.repeats,
+        repeats=repeats_for(args.repeats, fn_args),
         has_aux=args.has_aux,
         roll=not args.no_roll,
     )

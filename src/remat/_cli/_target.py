@@ -3,7 +3,9 @@
 ``remat measure``, ``remat compare`` (and other commands) take a target such as
 ``examples/mlp.py:make`` or ``mypkg.models:make_gpt``: a Python file or an importable module,
 a colon, and the name of a factory function that takes no arguments and returns
-``(fn, args)``, where ``args`` is a tuple of the arguments to call ``fn`` with.
+``(fn, args)``, where ``args`` is a tuple of the arguments to call ``fn`` with: arrays, or
+`jax.ShapeDtypeStruct` s for a model too large to hold here (every command compiles and
+measures from shapes; only timing needs values, see `repeats_for`).
 """
 
 from __future__ import annotations
@@ -107,6 +109,25 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
             EXIT_USAGE,
         )
     return result
+
+
+def repeats_for(repeats: int | None, args: tuple[Any, ...]) -> int:
+    """``--repeats`` as given, else its default: 5 timed runs, or 0 when an argument is a
+    `jax.ShapeDtypeStruct` (shapes can be compiled and measured, not run). An explicit
+    ``--repeats`` above 0 with shapes is refused by `remat.measure`, which names the leaf.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._cli._target import repeats_for
+      >>> repeats_for(None, (jnp.ones(2),)), repeats_for(None, (jax.ShapeDtypeStruct((2,), jnp.float32),))
+      (5, 0)
+    """
+    if repeats is not None:
+        return repeats
+    import jax
+
+    abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args))
+    return 0 if abstract else 5
 
 
 def _describe(value: object) -> str:

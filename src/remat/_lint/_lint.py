@@ -79,7 +79,8 @@ def lint(
       strategy: if given, check ``remat.apply(fn, strategy)`` instead of ``fn``.
       measure: also compile the gradient (with `remat.measure`) to check for checkpoints
         the compiler removed (RM005), when a checkpoint lies outside every loop; needs a
-        scalar ``fn`` and concrete ``args``. Other findings need no compilation.
+        scalar ``fn``; ``args`` may be `jax.ShapeDtypeStruct` s (the gradient is compiled,
+        never run). Other findings need no compilation.
       roll: with a strategy, roll the repeated layers of a program without scans into scans
         first, as `remat.apply` does; False checks the strategy on the program as written.
 

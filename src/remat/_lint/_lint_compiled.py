@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._core._dtypes import dtype_of
 from .._core._warnings import RematWarning
 from .._trace import _jaxpr_walk as walk
 from ._findings import Finding
@@ -48,9 +49,6 @@ def _scalar_output(fn, args) -> bool:
 
 def check_eliminated(fn, args: tuple[Any, ...], checkpoints: list[walk.Site]) -> list[Finding]:
     """Measures ``fn``'s gradient and reports RM005 if the compiler removed recomputation."""
-    leaves = jax.tree_util.tree_leaves(args)
-    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
-        return []  # shapes only: nothing to compile and measure
     if not args or not _scalar_output(fn, args):
         return []  # measure differentiates a scalar loss; nothing to compile here
     argnums = tuple(i for i, a in enumerate(args) if _inexact(a))
@@ -66,7 +64,7 @@ def check_eliminated(fn, args: tuple[Any, ...], checkpoints: list[walk.Site]) ->
 
 def _inexact(tree) -> bool:
     leaves = jax.tree_util.tree_leaves(tree)
-    return bool(leaves) and all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
+    return bool(leaves) and all(jnp.issubdtype(dtype_of(x), jnp.inexact) for x in leaves)
 
 
 def findings_from_measurement(measurement, checkpoints: list[walk.Site]) -> list[Finding]:

@@ -288,7 +288,7 @@ def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool)
         len(leaves) != 1
         or not isinstance(out, jax.ShapeDtypeStruct)
         or out.shape != ()
-        or not np.issubdtype(out.dtype, np.floating)
+        or not jax.dtypes.issubdtype(out.dtype, np.floating)  # bfloat16, float16 included
     ):
         got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
         raise ValueError(_NOT_SCALAR.format(got=got))

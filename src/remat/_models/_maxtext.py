@@ -6,7 +6,14 @@ An ``nn.scan`` over ``nn.remat(layer, policy=..., prevent_cse=False)`` (MaxText'
 ``value_proj`` (after RoPE); ``context`` and ``attention_out`` (the attention's output before
 the out projection: ``context`` is the name MaxText's flash-attention kernels give it);
 ``out_proj``; ``mlpwi_0``, ``mlpwi_1`` (the gated MLP's two input projections, before the
-SiLU); ``mlpwo``. Used by ``benchmarks/maxtext_presets.py`` and the planner's tests.
+SiLU); ``mlpwo``. Used by ``benchmarks/maxtext_presets.py``, ``benchmarks/scale_bench.py``
+and the planner's tests.
+
+``kv_heads`` below ``heads`` is grouped-query attention (each key/value head serves
+``heads // kv_heads`` query heads, as in Llama 3); ``dtype`` is the compute dtype (bf16 compute
+on float32 master weights: the parameters stay float32 and are cast where they are used).
+`decoder_shapes` gives the loss and `jax.ShapeDtypeStruct` s of its arguments without
+allocating them: a model of any size can be measured and planned from them.
 
 Example:
   >>> from remat._models._maxtext import PRESETS, make_decoder
@@ -26,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-# The benchmark's sizes: the full run and ``--quick``.
+# The benchmark's sizes: the full run and ``--quick``. ``kv_heads`` (default ``heads``) and
+# ``dtype`` (default float32) are optional.
 FULL = dict(layers=8, d_model=128, heads=4, mlp_dim=512, seq=128, batch=8, vocab=256)
 QUICK = dict(layers=4, d_model=64, heads=4, mlp_dim=256, seq=64, batch=4, vocab=128)
 
@@ -57,7 +65,7 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x):
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
-        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * scale
+        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * scale.astype(x.dtype)
 
 
 def rope(x: jax.Array) -> jax.Array:
@@ -76,20 +84,25 @@ class DecoderLayer(nn.Module):
     d_model: int
     heads: int
     mlp_dim: int
+    kv_heads: int | None = None  # fewer than ``heads``: grouped-query attention
+    dtype: Any = jnp.float32  # the compute dtype; parameters stay float32
 
     @nn.compact
     def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
         _, seq, d = x.shape
         hd = d // self.heads
+        kv = self.kv_heads or self.heads
 
         def dense(features, name, axis=-1):
-            return nn.DenseGeneral(features, axis=axis, use_bias=False, name=name)
+            return nn.DenseGeneral(features, axis=axis, use_bias=False, name=name, dtype=self.dtype)
 
         x = checkpoint_name(x, "decoder_layer_input")
         h = RMSNorm(name="pre_self_attention_norm")(x)
         q = checkpoint_name(rope(dense((self.heads, hd), "query")(h)), "query_proj")
-        k = checkpoint_name(rope(dense((self.heads, hd), "key")(h)), "key_proj")
-        v = checkpoint_name(dense((self.heads, hd), "value")(h), "value_proj")
+        k = checkpoint_name(rope(dense((kv, hd), "key")(h)), "key_proj")
+        v = checkpoint_name(dense((kv, hd), "value")(h), "value_proj")
+        if kv != self.heads:  # each key/value head serves heads // kv query heads
+            k, v = (jnp.repeat(a, self.heads // kv, axis=2) for a in (k, v))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(hd))
         causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
         probs = jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(scores.dtype).min), axis=-1)
@@ -112,10 +125,12 @@ class Decoder(nn.Module):
     vocab: int
     policy: Any = None  # a checkpoint policy, or None for no nn.remat
     remat: bool = False
+    kv_heads: int | None = None
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, tokens):
-        x = nn.Embed(self.vocab, self.d_model, name="token_embedder")(tokens)
+        x = nn.Embed(self.vocab, self.d_model, name="token_embedder", dtype=self.dtype)(tokens)
         layer = DecoderLayer
         if self.remat:
             layer = nn.remat(layer, policy=self.policy, prevent_cse=False)
@@ -124,14 +139,47 @@ class Decoder(nn.Module):
             variable_axes={"params": 0},
             split_rngs={"params": True},
             length=self.layers,
-        )(self.d_model, self.heads, self.mlp_dim, name="layers")
+        )(self.d_model, self.heads, self.mlp_dim, self.kv_heads, self.dtype, name="layers")
         x, _ = stack(x, None)
         x = RMSNorm(name="decoder_norm")(x)
-        return nn.DenseGeneral(self.vocab, use_bias=False, name="logits_dense")(x)
+        logits = nn.DenseGeneral(self.vocab, use_bias=False, name="logits_dense", dtype=self.dtype)
+        return logits(x)
 
 
 def make_decoder(policy_names: tuple[str, ...] | None, sizes: dict):
     """``(loss, (params, tokens))`` for the decoder with a preset (``None``: no nn.remat)."""
+    model, loss = _model(policy_names, sizes)
+    tokens = jax.random.randint(
+        jax.random.key(1), (sizes["batch"], sizes["seq"] + 1), 0, sizes["vocab"]
+    )
+    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])["params"]
+    return loss, (params, tokens)
+
+
+def decoder_shapes(policy_names: tuple[str, ...] | None, sizes: dict):
+    """``(loss, (params, tokens))`` as `make_decoder` gives them, the arguments as
+    `jax.ShapeDtypeStruct` s (float32 parameters, int32 tokens): nothing is allocated.
+
+    Example:
+      >>> from remat._models._maxtext import decoder_shapes
+      >>> sizes = dict(layers=80, d_model=8192, heads=64, kv_heads=8, mlp_dim=28672,
+      ...              seq=4096, batch=1, vocab=128256)
+      >>> loss, (params, tokens) = decoder_shapes(None, sizes)
+      >>> params["layers"]["key"]["kernel"].shape, tokens.shape
+      ((80, 8192, 8, 128), (1, 4097))
+    """
+    model, loss = _model(policy_names, sizes)
+    tokens = jax.ShapeDtypeStruct((sizes["batch"], sizes["seq"] + 1), jnp.int32)
+    init = jax.eval_shape(model.init, jax.random.key(0), tokens_in(tokens))
+    return loss, (init["params"], tokens)
+
+
+def tokens_in(tokens: Any) -> jax.ShapeDtypeStruct:
+    """The model's input: every token but the last."""
+    return jax.ShapeDtypeStruct((tokens.shape[0], tokens.shape[1] - 1), tokens.dtype)
+
+
+def _model(policy_names: tuple[str, ...] | None, sizes: dict):
     if policy_names is None:
         policy, use_remat = None, False
     elif policy_names:
@@ -140,16 +188,13 @@ def make_decoder(policy_names: tuple[str, ...] | None, sizes: dict):
         policy, use_remat = jax.checkpoint_policies.nothing_saveable, True
     model = Decoder(
         sizes["layers"], sizes["d_model"], sizes["heads"], sizes["mlp_dim"], sizes["vocab"],
-        policy=policy, remat=use_remat,
+        policy=policy, remat=use_remat, kv_heads=sizes.get("kv_heads"),
+        dtype=sizes.get("dtype", jnp.float32),
     )  # fmt: skip
-    tokens = jax.random.randint(
-        jax.random.key(1), (sizes["batch"], sizes["seq"] + 1), 0, sizes["vocab"]
-    )
-    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])["params"]
 
     def loss(params, tokens):
-        logits = model.apply({"params": params}, tokens[:, :-1])
+        logits = model.apply({"params": params}, tokens[:, :-1]).astype(jnp.float32)
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
-    return loss, (params, tokens)
+    return model, loss

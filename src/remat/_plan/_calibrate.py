@@ -39,11 +39,6 @@ from ._options import (
 )
 from ._result import fingerprint, scan_fingerprints
 
-_ABSTRACT = (
-    "`remat.plan` got a `jax.ShapeDtypeStruct` argument; the planner traces the function with "
-    "its arguments' values' shapes and shardings, so pass arrays (on a mesh: "
-    "`jax.device_put(x, sharding)`, or `jax.make_array_from_process_local_data`)."
-)
 _NO_SCAN = (
     "`remat.plan` found no `scan` in {name}. The planner chooses what each scan step saves; "
     "put the layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`), or use "
@@ -108,11 +103,12 @@ class Prepared:
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
     """The checks `remat.measure` makes of the loss and its arguments, named for `remat.plan`:
-    run before anything else traces ``fn`` (e.g. looking for scans to decide on rolling)."""
+    run before anything else traces ``fn`` (e.g. looking for scans to decide on rolling).
+
+    Arguments may be `jax.ShapeDtypeStruct` s (with ``sharding=`` on a mesh): the planner
+    traces and compiles, and never runs the step, so it needs no values."""
     if not isinstance(argnums, Step | int):
         argnums = tuple(argnums)
-    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args)):
-        raise TypeError(_ABSTRACT)
     try:
         _check_args(args, argnums, 0)
         _check_scalar(fn, args, getattr(argnums, "has_aux", False))

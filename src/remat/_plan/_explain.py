@@ -92,6 +92,11 @@ def plan_table(plan: Any) -> Group:
             f"{stats.scan_compiles}× ({stats.compile_seconds:.1f} s); {stats.seconds:.1f} s in all"
         )
     devices = getattr(plan.measured, "num_devices", 1) if plan.measured is not None else 1
+    if plan.measured is not None:  # a peak is the backend's: re-measure on another one
+        lines.append(
+            f"checked on      {plan.measured.backend}, {devices} device(s): memory and FLOPs "
+            "of the compiled step (compiled, never run)"
+        )
     if devices > 1:  # an SPMD program: shapes are global, bytes and peaks are one device's
         lines.append(f"per device      memory of one of {devices} devices; shapes are global")
     if written:

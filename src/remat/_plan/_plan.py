@@ -40,6 +40,7 @@ from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
 from .._measure._step import Step, as_step
+from .._trace._traced import traced_once
 from ._args import (
     check_bool,
     check_device_memory,
@@ -83,7 +84,11 @@ def plan(
 
     Args:
       fn: a function returning a scalar loss; its scans are planned.
-      *args: its arguments (pytrees of arrays).
+      *args: its arguments: pytrees of arrays, or of `jax.ShapeDtypeStruct` s (with
+        ``sharding=`` on a mesh) for a model too large to hold here. The planner compiles
+        and reads memory and FLOPs, and never runs the step, so a plan made from shapes is
+        the plan made from arrays of those shapes (``plan.to_json`` carries it to the
+        machine that holds the values; ``explain()`` names the backend it was checked on).
       budget: bytes (``int``), a size with a unit (``"6GiB"``, ``"512MiB"``), or a fraction
         of the un-checkpointed peak (``0.5`` or ``"50%"``).
       argnums: which positional arguments are differentiated, as in `jax.grad`.
@@ -167,7 +172,7 @@ def plan(
     check_inputs(fn, args, spec)  # before `has_scans` traces ``fn``
     progress = Progress(verbose)
     since = (tally(), time.perf_counter())
-    with no_cyclic_gc(), contextlib.closing(progress):
+    with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
         if roll and not has_scans(fn, args):
             (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
                                       device_memory, bandwidth, progress)  # fmt: skip
@@ -277,7 +282,7 @@ def plan_budgets(
     progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
     since: tuple[Any, ...] | None = (tally(), time.perf_counter())
-    with no_cyclic_gc(), contextlib.closing(progress):
+    with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
         if roll and not has_scans(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
                                     progress)  # fmt: skip

@@ -6,10 +6,17 @@ static. `_rewritten(fn, evaluator)` is the wrapper every rewrite of a traced pro
 shapes and dtypes, and evaluates the rewritten program on the array leaves. `nnx` modules
 among the arguments are lifted to their state first and updated after (see `_state`), and
 any other in-place change to an argument is refused (`check_unchanged`).
+
+`traced_once` shares traces within a block: `remat.plan` looks for scans, models them, reads
+their shardings and rewrites them, each from the same program; inside ``with traced_once():``
+they trace ``fn`` at its arguments once between them (measured on an 80-layer Llama-style
+decoder planned from shapes: the loss traced 8 times per plan before, 4 after).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -45,12 +52,52 @@ class _Traced:
 def _split_args(args, kwargs):
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     dynamic = [x for x in leaves if _is_array(x)]
-    avals = tuple(_aval(x) for x in dynamic)
+    return leaves, treedef, dynamic, _key(leaves, treedef)
+
+
+def _key(leaves, treedef) -> tuple[Any, ...]:
+    """What a trace depends on: the structure, the static leaves, the arrays' avals."""
+    avals = tuple(_aval(x) for x in leaves if _is_array(x))
     static = tuple(None if _is_array(x) else (type(x), x) for x in leaves)
-    return leaves, treedef, dynamic, (treedef, static, avals)
+    return treedef, static, avals
+
+
+# While `traced_once` is active: the traces made so far, by function and input structure.
+_SHARED: contextvars.ContextVar[dict[Any, _Traced] | None] = contextvars.ContextVar(
+    "remat_shared_traces", default=None
+)
+
+
+@contextlib.contextmanager
+def traced_once():
+    """Within the block, `_trace` of one function at one input structure (shapes, dtypes,
+    static leaves) traces once: later calls get the same `_Traced`. Nested blocks share the
+    outermost one's traces; they are dropped when it ends."""
+    if _SHARED.get() is not None:
+        yield
+        return
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
 
 
 def _trace(fn, leaves, treedef, check=True) -> _Traced:
+    shared = _SHARED.get()
+    if shared is None:
+        return _trace_now(fn, leaves, treedef, check)
+    key = (fn, check, _key(leaves, treedef))
+    try:
+        found = shared.get(key)
+    except TypeError:  # an unhashable static argument: trace every time
+        return _trace_now(fn, leaves, treedef, check)
+    if found is None:
+        found = shared[key] = _trace_now(fn, leaves, treedef, check)
+    return found
+
+
+def _trace_now(fn, leaves, treedef, check=True) -> _Traced:
     is_dyn = [_is_array(x) for x in leaves]
 
     def flat(*dynamic):

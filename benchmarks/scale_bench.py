@@ -1,0 +1,493 @@
+"""`remat.plan` at the sizes people train, from shapes alone: Llama-3.2-1B, Llama-3-8B and
+Llama-3-70B dimensions, on this CPU host, and the 8B shapes on an 8-device mesh.
+
+The model is `remat._models._maxtext`'s decoder written as people write it: grouped-query
+attention, RoPE, SwiGLU, RMSNorm, MaxText's ``checkpoint_name``s, the layers in one
+``nn.scan``; bf16 compute on float32 master weights; the step is the whole training step with
+Adam (``optimizer=optax.adam``: value and gradient, the update, parameters and optimizer
+state donated). Every argument is a `jax.ShapeDtypeStruct` (`decoder_shapes`): nothing the
+size of the model is allocated.
+
+Each measurement runs in a process of its own (the planner's peak RSS is that process's
+``ru_maxrss``, and nothing is remembered between them):
+
+- per size: one compile of the step (``jax.jit(step).lower(...).compile()``, XLA's default
+  options); the first plan at 50% of the un-checkpointed peak (its time, whole-step and
+  scan-alone compiles, predicted and compiled peak), then re-plans at 70% and 35%;
+- per size, each MaxText preset (`PRESETS`, ``nn.remat`` with its policy in the scan) is
+  compiled, and the un-checkpointed decoder is planned at the preset's own compiled peak:
+  the plan must fit and recompute no more FLOPs than the preset;
+- the trend: the first plan's time as the layers grow at a fixed width, and as the width
+  grows at fixed layers;
+- the mesh: the 8B shapes sharded FSDP x tensor over 8 host devices
+  (``XLA_FLAGS=--xla_force_host_platform_device_count=8``), planned per device at 50%.
+
+Usage:
+  PYTHONPATH=src python benchmarks/scale_bench.py [--quick] [--no-write]
+
+``--quick`` compiles two presets (else all eight) at the 8B shapes only (else every size),
+and the trend at its ends (8 and 80 layers; 2048 wide). Timings are wall-clock seconds on a shared machine: read them with the load average
+the section prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench_common import BENCH_MD, machine_line, markdown_table, print_table, replace_section
+
+MARKERS = ("<!-- scale:start -->", "<!-- scale:end -->")
+GIB = 2**30
+
+# Public shapes (ANCHORS.md "Real sizes").
+MODELS = {
+    "Llama-3.2-1B": dict(layers=16, d_model=2048, heads=32, kv_heads=8, mlp_dim=8192),
+    "Llama-3-8B": dict(layers=32, d_model=4096, heads=32, kv_heads=8, mlp_dim=14336),
+    "Llama-3-70B": dict(layers=80, d_model=8192, heads=64, kv_heads=8, mlp_dim=28672),
+}
+VOCAB = 128256
+QUICK_PRESETS = ("minimal", "full")
+# The trend's fixed width (a mid-size Llama) and its fixed depth.
+TREND = dict(d_model=1024, heads=16, kv_heads=4, mlp_dim=4096, vocab=32000)
+TREND_LAYERS = (8, 32, 80)
+TREND_WIDTHS = (512, 1024, 2048)
+
+
+### One measurement (in a child process)
+
+
+def sizes_of(model: dict, seq: int, batch: int = 1, vocab: int = VOCAB) -> dict:
+    import jax.numpy as jnp
+
+    return dict(model, seq=seq, batch=batch, vocab=vocab, dtype=jnp.bfloat16)
+
+
+def rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def compile_seconds(loss, args, optimizer) -> tuple[float, int]:
+    """One compile of the training step as a user compiles it, and its peak."""
+    from remat._measure._peak import peak_bytes
+    from remat._measure._step import Step, as_step, lower_step
+
+    start = time.perf_counter()
+    compiled = lower_step(loss, args, as_step(Step(0, False, optimizer))).compile()
+    return time.perf_counter() - start, peak_bytes(compiled)
+
+
+def plan_row(loss, args, budget, optimizer) -> dict:
+    import remat
+
+    start = time.perf_counter()
+    try:
+        p = remat.plan(loss, *args, budget=budget, optimizer=optimizer, verbose=False)
+    except remat.InfeasibleBudget as err:
+        return dict(infeasible=True, seconds=time.perf_counter() - start,
+                    smallest=err.smallest_peak_bytes, budget=err.budget_bytes)  # fmt: skip
+    return dict(
+        infeasible=False,
+        seconds=time.perf_counter() - start,
+        budget=p.budget_bytes,
+        predicted=p.predicted_peak_bytes,
+        compiled=p.measured_peak_bytes,
+        flops=p.measured.flops,
+        baseline=p.baseline_peak_bytes,
+        step_compiles=p.stats.step_compiles,
+        scan_compiles=p.stats.scan_compiles,
+        rounds=p.rounds,
+        backend=p.measured.backend,
+        devices=p.measured.num_devices,
+    )
+
+
+def job_size(name: str, seq: int, replans: tuple[str, ...] = ("70%", "35%")) -> dict:
+    import optax
+
+    from remat._models._maxtext import decoder_shapes
+
+    opt = optax.adam(1e-4)
+    loss, args = decoder_shapes(None, sizes_of(MODELS[name], seq))
+    compile_s, peak = compile_seconds(loss, args, opt)
+    first = plan_row(loss, args, "50%", opt)
+    replans = {b: plan_row(loss, args, b, opt) for b in replans}
+    return dict(compile=compile_s, peak=peak, first=first, replans=replans, rss=rss_gib())
+
+
+def job_presets(name: str, seq: int, presets: list[str]) -> dict:
+    import optax
+
+    from remat._measure._hlo import hlo_flops
+    from remat._measure._peak import peak_bytes
+    from remat._measure._step import Step, as_step, lower_step
+    from remat._models._maxtext import PRESETS, decoder_shapes
+
+    opt = optax.adam(1e-4)
+    sizes = sizes_of(MODELS[name], seq)
+    loss, args = decoder_shapes(None, sizes)
+    out = {}
+    for preset in presets:
+        ploss, pargs = decoder_shapes(PRESETS[preset], sizes)
+        compiled = lower_step(ploss, pargs, as_step(Step(0, False, opt))).compile()
+        peak, flops = peak_bytes(compiled), hlo_flops(compiled.as_text())
+        out[preset] = dict(peak=peak, flops=flops, plan=plan_row(loss, args, peak, opt))
+    return dict(presets=out, rss=rss_gib())
+
+
+def job_trend(layers: int, d_model: int, seq: int) -> dict:
+    import optax
+
+    from remat._models._maxtext import decoder_shapes
+
+    opt = optax.adam(1e-4)
+    model = dict(TREND, layers=layers, d_model=d_model, mlp_dim=4 * d_model,
+                 heads=d_model // 64, kv_heads=max(1, d_model // 256))  # fmt: skip
+    vocab = model.pop("vocab")
+    loss, args = decoder_shapes(None, sizes_of(model, seq, vocab=vocab))
+    compile_s, _ = compile_seconds(loss, args, opt)
+    return dict(compile=compile_s, first=plan_row(loss, args, "50%", opt), rss=rss_gib())
+
+
+def job_mesh(seq: int) -> dict:
+    """The 8B shapes over (fsdp=4, tensor=2): weights split on both axes, the batch on fsdp."""
+    import jax
+    import numpy as np
+    import optax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from remat._models._maxtext import decoder_shapes
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("fsdp", "tensor"))
+    loss, (params, tokens) = decoder_shapes(None, sizes_of(MODELS["Llama-3-8B"], seq, batch=4))
+
+    def spec(path, leaf):  # the usual FSDP x tensor layout of a Llama's weights
+        names = [getattr(k, "key", "") for k in path]
+        kind = names[-2] if len(names) > 1 else ""
+        layered = "layers" in names
+        lead = (None,) if layered else ()
+        table = {
+            "query": ("fsdp", "tensor", None), "key": ("fsdp", "tensor", None),
+            "value": ("fsdp", "tensor", None), "out": ("tensor", None, "fsdp"),
+            "wi_0": ("fsdp", "tensor"), "wi_1": ("fsdp", "tensor"), "wo": ("tensor", "fsdp"),
+            "token_embedder": ("tensor", "fsdp"), "logits_dense": ("fsdp", "tensor"),
+        }  # fmt: skip
+        axes = table.get(kind)
+        if axes is None or len(lead) + len(axes) != len(leaf.shape):
+            axes, lead = (), ()
+        return NamedSharding(mesh, P(*lead, *axes))
+
+    def place(path, leaf):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=spec(path, leaf))
+
+    params = jax.tree_util.tree_map_with_path(place, params)
+    tokens = jax.ShapeDtypeStruct(
+        tokens.shape, tokens.dtype, sharding=NamedSharding(mesh, P("fsdp"))
+    )
+    opt = optax.adam(1e-4)
+    compile_s, peak = compile_seconds(loss, (params, tokens), opt)
+    return dict(compile=compile_s, peak=peak, first=plan_row(loss, (params, tokens), "50%", opt),
+                rss=rss_gib())  # fmt: skip
+
+
+JOBS = {"size": job_size, "presets": job_presets, "trend": job_trend, "mesh": job_mesh}
+
+
+def child(spec: str) -> None:
+    job = json.loads(spec)
+    kind = job.pop("kind")
+    print(json.dumps(JOBS[kind](**job)), flush=True)
+
+
+### Running the jobs
+
+
+def run_job(kind: str, devices: int = 1, **kw) -> dict:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(dict(kind=kind, **kw))],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-3:]
+        print(f"  {kind} {kw} failed: {' / '.join(tail)}", flush=True)
+        return dict(error=" / ".join(tail), wall=time.perf_counter() - start)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["wall"] = time.perf_counter() - start
+    print(f"  {kind} {kw}: {out['wall']:.0f} s", flush=True)
+    return out
+
+
+def run(quick: bool) -> dict:
+    seq = 4096
+    from remat._models._maxtext import PRESETS
+
+    presets = list(QUICK_PRESETS) if quick else [p for p in PRESETS if p != "none"]
+    result: dict = dict(seq=seq, quick=quick, sizes={}, presets={}, trend={}, widths={})
+    replans = ("70%", "35%")
+    for name in MODELS:
+        result["sizes"][name] = run_job("size", name=name, seq=seq, replans=replans)
+        save(result)
+    result["mesh"] = run_job("mesh", devices=8, seq=seq)
+    save(result)
+    # --quick: the presets at the 8B shapes only; the trend at its two ends.
+    for name in ["Llama-3-8B"] if quick else MODELS:
+        result["presets"][name] = run_job("presets", name=name, seq=seq, presets=presets)
+        save(result)
+    trend_seq = 2048
+    result["trend_seq"] = trend_seq
+    for layers in (TREND_LAYERS[0], TREND_LAYERS[-1]) if quick else TREND_LAYERS:
+        result["trend"][layers] = run_job("trend", layers=layers, d_model=1024, seq=trend_seq)
+        save(result)
+    for width in TREND_WIDTHS[-1:] if quick else TREND_WIDTHS:
+        result["widths"][width] = run_job("trend", layers=8, d_model=width, seq=trend_seq)
+        save(result)
+    return result
+
+
+PARTIAL = Path("/tmp/scale_bench.json")
+
+
+def save(result: dict) -> None:
+    """What is measured so far (``--from-json`` writes the section from it)."""
+    PARTIAL.write_text(json.dumps(result, indent=1))
+
+
+### Report
+
+
+def gib(b) -> str:
+    return f"{b / GIB:.2f}"
+
+
+def err(row) -> str:
+    return f"{(row['predicted'] - row['compiled']) / row['compiled']:+.1%}"
+
+
+def plan_cells(row: dict, compile_s: float | None) -> list[str]:
+    if "error" in row:
+        return ["error: " + row["error"][:80]] + [""] * 6
+    if row["infeasible"]:
+        return [f"infeasible (smallest {gib(row['smallest'])} GiB)", f"{row['seconds']:.0f}"] + [
+            ""
+        ] * 5
+    ratio = f" ({row['seconds'] / compile_s:.1f}×)" if compile_s else ""
+    return [
+        f"{gib(row['budget'])}",
+        f"{row['seconds']:.0f}{ratio}",
+        f"{row['step_compiles']} + {row['scan_compiles']}",
+        gib(row["predicted"]),
+        gib(row["compiled"]),
+        err(row),
+        "yes" if row["compiled"] <= row["budget"] else "NO",
+    ]
+
+
+PLAN_HEAD = ["budget GiB", "plan s (× compile)", "step + scan compiles", "predicted GiB",
+             "compiled GiB", "error", "fits"]  # fmt: skip
+
+
+def size_rows(result: dict) -> list[list[str]]:
+    rows = []
+    for name, r in result["sizes"].items():
+        if "error" in r:
+            rows.append([name, "error", r["error"][:80]] + [""] * (len(PLAN_HEAD) + 1))
+            continue
+        for label, row in [("50% (first)", r["first"])] + [
+            (f"{b} (re-plan)", p) for b, p in r["replans"].items()
+        ]:
+            rows.append([name, f"{r['compile']:.0f}", gib(r["peak"]), label, *plan_cells(row, r["compile"]),
+                         f"{r['rss']:.2f}"])  # fmt: skip
+    return rows
+
+
+def preset_rows(result: dict) -> list[list[str]]:
+    rows = []
+    for name, r in result["presets"].items():
+        if "error" in r:
+            rows.append([name, "error", r["error"][:80], "", "", "", "", ""])
+            continue
+        for preset, p in r["presets"].items():
+            plan = p["plan"]
+            if plan.get("infeasible", True):
+                rows.append([name, preset, gib(p["peak"]), "infeasible", "", "", "", ""])
+                continue
+            rows.append([
+                name, preset, gib(p["peak"]), gib(plan["compiled"]),
+                "yes" if plan["compiled"] <= p["peak"] else "NO",
+                f"{plan['flops'] / p['flops']:.3f}",
+                "yes" if plan["flops"] <= p["flops"] * (1 + 1e-9) else "NO",
+                f"{plan['seconds']:.0f}",
+            ])  # fmt: skip
+    return rows
+
+
+def trend_rows(result: dict) -> list[list[str]]:
+    rows = []
+    for label, table in (("layers", result["trend"]), ("d_model", result["widths"])):
+        for k, r in table.items():
+            if "error" in r:
+                rows.append([label, str(k), "error", r["error"][:80], "", "", ""])
+                continue
+            f = r["first"]
+            ok = not f.get("infeasible", True)
+            rows.append([
+                label, str(k), f"{r['compile']:.0f}", f"{f['seconds']:.0f}",
+                f"{f['seconds'] / r['compile']:.1f}×",
+                f"{f['step_compiles']} + {f['scan_compiles']}" if ok else "infeasible",
+                err(f) if ok else "", f"{r['rss']:.2f}",
+            ])  # fmt: skip
+    return rows
+
+
+def mesh_rows(result: dict) -> list[list[str]]:
+    r = result["mesh"]
+    if "error" in r:
+        return [["error: " + r["error"][:120]] + [""] * 7]
+    f = r["first"]
+    return [
+        [
+            f"{r['compile']:.0f}",
+            gib(r["peak"]),
+            *plan_cells(f, r["compile"]),
+            str(f.get("devices", "")),
+        ]
+    ]
+
+
+# What the run written to BENCHMARKS.md shows (written from its figures; a new run that
+# changes them needs these lines read again).
+NOTES = """Read from the run above:
+
+- Shapes alone: every size planned from `jax.ShapeDtypeStruct`s in a process whose peak RSS
+  stayed at 1.1-1.2 GiB, for un-checkpointed steps of 114 GiB (1B) to 2.3 TiB (70B): the
+  target of RSS under 2 GiB at 70B holds.
+- First plan against one compile of the step: 2.3× (1B), 3.7× (8B), 2.3× (70B); the target
+  of 3× is missed at 8B. Re-plans at 70%: 0.4× (1B) and 0.7× (8B), under the 1.3× target;
+  at 70B the 70% re-plan compiled a cheaper candidate that measured over the budget and fell
+  back to the 50% plan (1.9×, 2 step compiles).
+- Prediction: the model's peak is 18-25% under the compiled one at 50% (7-9% at 70%): the 3%
+  target is missed at these sizes. The plans fit (the compiled peak decides), but may leave
+  budget unused: at the 8B `minimal` preset's peak the plan fits with 1.19× the preset's
+  FLOPs, so "FLOPs no more than the preset's" fails there; at `full` it holds (1.000×).
+- 35% is infeasible at 8B and 70B: the smallest peak reached (every layer recomputed) is above
+  it; the float32 weights, their gradients and Adam's two moments alone take 16 bytes per
+  parameter.
+- The trend: from 8 to 80 layers at d_model 1024 the first plan went from 2.7× to 5.0× one
+  compile (a third step compile at 80 layers: the first verified plan measured over).
+- The mesh: the un-checkpointed step, as XLA partitions it from the arguments' shardings
+  alone, keeps 400 GiB per device; the plan fits in 28 GiB per device, predicted within
+  0.8%, calibrated on compiled steps (4 step compiles, no scan-alone compile)."""
+
+
+def markdown(result: dict, seconds: float) -> str:
+    seq = result["seq"]
+    cmd = "PYTHONPATH=src python benchmarks/scale_bench.py" + (
+        " --quick" if result["quick"] else ""
+    )
+    machine = result.get("machine") or machine_line()
+    return "\n\n".join(
+        [
+            MARKERS[0] + "\n## Planning real sizes from shapes (`benchmarks/scale_bench.py`)",
+            f"Run {result.get('date', datetime.date.today())} on {machine}; {seconds:.0f} s in all. **Timings "
+            "were measured under that load** (other jobs shared the 2 cores): read them as upper "
+            f"bounds, side by side within a row. Reproduce with `{cmd}`.",
+            f"The decoder of `remat._models._maxtext` at public Llama shapes (GQA, RoPE, SwiGLU, "
+            f"RMSNorm, MaxText's `checkpoint_name`s, layers in one `nn.scan`), vocab {VOCAB}, batch "
+            f"1, sequence {seq}, bf16 compute on float32 master weights, the training step with "
+            "Adam (`optimizer=optax.adam`), every argument a `jax.ShapeDtypeStruct`. Each size runs "
+            "in a process of its own; RSS is that process's peak (`ru_maxrss`): the planner, its "
+            "compiles and JAX, with nothing of the model's size allocated. compile s: one compile "
+            "of the step with XLA's default options; plan s: `remat.plan` wall time (× that "
+            "compile); step + scan compiles: `plan.stats`; predicted: `plan.predicted_peak_bytes`, "
+            "compiled: `plan.measured_peak_bytes` (XLA's memory analysis of the planned step).",
+            markdown_table(
+                ["model", "compile s", "peak GiB", "budget", *PLAN_HEAD, "RSS GiB"],
+                size_rows(result),
+            ),
+            "At each MaxText preset's own compiled peak (the preset: `nn.remat(layer, "
+            "policy=save_only_these_names(...))` in the scan, compiled with the optimizer), the "
+            "un-checkpointed decoder planned with that peak as its budget (a re-plan: the "
+            "preparation is shared with the other presets' budgets):",
+            markdown_table(
+                [
+                    "model",
+                    "preset",
+                    "preset peak GiB",
+                    "plan GiB",
+                    "fits",
+                    "FLOPs × preset",
+                    "FLOPs ≤ preset",
+                    "plan s",
+                ],
+                preset_rows(result),
+            ),
+            f"Trend: the first plan at 50% (sequence {result['trend_seq']}, batch 1, vocab 32000, "
+            "bf16 on float32, Adam): layers grow at d_model 1024 (16/4 heads, MLP 4096); d_model "
+            "grows at 8 layers (heads d/64, kv heads d/256, MLP 4d).",
+            markdown_table(
+                [
+                    "grows",
+                    "value",
+                    "compile s",
+                    "plan s",
+                    "× compile",
+                    "step + scan compiles",
+                    "error",
+                    "RSS GiB",
+                ],
+                trend_rows(result),
+            ),
+            "Mesh: the Llama-3-8B shapes (batch 4) over 8 host devices "
+            "(`XLA_FLAGS=--xla_force_host_platform_device_count=8`), mesh (fsdp 4, tensor 2): "
+            "attention and MLP weights split over both axes, the batch over fsdp; every figure per "
+            "device; planned at 50% of the per-device peak.",
+            markdown_table(["compile s", "peak GiB", *PLAN_HEAD, "devices"], mesh_rows(result)),
+            NOTES,
+        ]
+    ) + ("\n" + MARKERS[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--from-json", type=Path, help="write the section from a saved run")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    start = time.perf_counter()
+    if args.from_json:
+        result = json.loads(args.from_json.read_text())
+        seconds = result.get("seconds", 0.0)
+    else:
+        result = run(args.quick)
+        seconds = result["seconds"] = time.perf_counter() - start
+        result["machine"], result["date"] = machine_line(), str(datetime.date.today())
+        save(result)
+    print_table("sizes", ["model", "compile s", "peak GiB", "budget", *PLAN_HEAD, "RSS GiB"],
+                size_rows(result))  # fmt: skip
+    text = markdown(result, seconds)
+    print(text)
+    if not args.no_write:
+        replace_section(BENCH_MD, MARKERS, text)
+        print(f"updated {BENCH_MD}")
+
+
+if __name__ == "__main__":
+    main()
