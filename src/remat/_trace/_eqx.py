@@ -20,15 +20,11 @@ the module's own structure, as ``eqx.filter_grad(loss)`` does.
 Equinox is optional: nothing here imports it unless it is imported already (no Equinox
 module can exist without it).
 
-Example:
-  >>> import jax, jax.numpy as jnp, equinox as eqx
-  >>> from remat._trace._eqx import combined, split_modules
-  >>> drop = eqx.nn.Dropout(0.5, inference=True)
-  >>> args = split_modules((drop, jnp.ones(3)))
-  >>> jax.tree_util.tree_leaves(args[0])  # no array leaf: the bool and the rate are static
-  []
-  >>> jax.jit(combined(lambda m, x: m(x).sum()))(*args)
-  Array(3., dtype=float32)
+With Equinox installed (the ``equinox`` extra), for example::
+
+  drop = eqx.nn.Dropout(0.5, inference=True)
+  split = split_modules((drop, jnp.ones(3)))   # no array leaf in split[0]: all static
+  jax.jit(combined(lambda m, x: m(x).sum()))(*split)   # 3.0
 """
 
 from __future__ import annotations
