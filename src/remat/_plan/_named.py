@@ -36,7 +36,8 @@ NEAR = 0.10
 COMPILES = 2
 # Every combination of named save sets is a candidate up to this many (3 scans: 27).
 ALL_COMBINATIONS = 27
-# A named candidate predicted at most this far over the budget is still compiled.
+# When nothing measured fits, a named candidate predicted at most this far over the budget
+# is still compiled (the scan-alone prediction is within a few percent).
 BAND = 0.02
 
 
@@ -133,8 +134,9 @@ def try_named(
             continue
         alone, _ = check_alone(prep, know, solution, choice)
         predicted.append((alone + margin, choice.flops, key, choice, alone))
+    band = BAND if best is None else 0.0  # with a plan that fits, only a sure improvement
     fits = sorted(
-        (p for p in predicted if p[0] <= budget_bytes * (1 + BAND)), key=lambda p: (p[1], p[0])
+        (p for p in predicted if p[0] <= budget_bytes * (1 + band)), key=lambda p: (p[1], p[0])
     )
     if not fits and best is None and predicted:
         least = min((k.measured.peak_bytes for k in know.measured.values()), default=None)

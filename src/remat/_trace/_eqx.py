@@ -29,6 +29,7 @@ With Equinox installed (the ``equinox`` extra), for example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable
@@ -58,33 +59,48 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct)
 
 
-@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class _Path:
+    """A `Split` child's key: the leaf's path in its module, so that JAX's messages name
+    it as they name a leaf of the module itself (``model.blocks[0].weight``)."""
+
+    path: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return jax.tree_util.keystr(self.path)
+
+
+@jax.tree_util.register_pytree_with_keys_class
 class Split:
     """An Equinox module as its array leaves (the children) and the rest (static: the
     module's structure and its other leaves, by position)."""
 
-    def __init__(self, arrays: list[Any], static: tuple[Any, tuple[tuple[int, Any], ...]]):
-        self.arrays, self.static = arrays, static
+    def __init__(self, arrays: tuple[Any, ...], static: tuple[Any, ...]):
+        self.arrays, self.static = tuple(arrays), static
 
     @classmethod
     def of(cls, module: Any) -> Split:
-        leaves, treedef = jax.tree_util.tree_flatten(module)
-        arrays = [x for x in leaves if _is_array(x)]
-        rest = tuple((i, x) for i, x in enumerate(leaves) if not _is_array(x))
-        return cls(arrays, (treedef, rest))
+        flat, treedef = jax.tree_util.tree_flatten_with_path(module)
+        arrays = tuple(x for _, x in flat if _is_array(x))
+        paths = tuple(_Path(p) for p, x in flat if _is_array(x))
+        rest = tuple((i, x) for i, (_, x) in enumerate(flat) if not _is_array(x))
+        return cls(arrays, (treedef, rest, paths))
 
     def module(self) -> Any:
-        treedef, rest = self.static
+        treedef, rest, _ = self.static
         arrays, others = iter(self.arrays), dict(rest)
         leaves = [others[i] if i in others else next(arrays) for i in range(treedef.num_leaves)]
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
+    def tree_flatten_with_keys(self):
+        return tuple(zip(self.static[2], self.arrays, strict=True)), self.static
+
     def tree_flatten(self):
-        return (self.arrays,), self.static
+        return self.arrays, self.static
 
     @classmethod
     def tree_unflatten(cls, static, children):
-        return cls(list(children[0]), static)
+        return cls(tuple(children), static)
 
     def __repr__(self) -> str:
         return f"Split({self.static[0]})"
