@@ -64,11 +64,18 @@ def encoder_decoder(layers, d, heads, batch, src, tgt, vocab=64, rate=0.1):
         keys = jax.random.split(key, 2 * layers)
         h = params["embed"][src_ids]
         for p, k in zip(params["encoder"], keys[:layers], strict=True):
-            h = norm(h + drop(jax.random.fold_in(k, 0), mha(p["attn"], h, h, jax.random.fold_in(k, 1))))
+            h = norm(
+                h + drop(jax.random.fold_in(k, 0), mha(p["attn"], h, h, jax.random.fold_in(k, 1)))
+            )
             h = norm(h + ff(p["mlp"], h))
         y = params["embed"][tgt_ids]
         for p, k in zip(params["decoder"], keys[layers:], strict=True):
-            y = norm(y + drop(jax.random.fold_in(k, 0), mha(p["self"], y, y, jax.random.fold_in(k, 1), True)))
+            y = norm(
+                y
+                + drop(
+                    jax.random.fold_in(k, 0), mha(p["self"], y, y, jax.random.fold_in(k, 1), True)
+                )
+            )
             y = norm(y + mha(p["cross"], y, h, jax.random.fold_in(k, 2)))
             y = norm(y + drop(jax.random.fold_in(k, 3), ff(p["mlp"], y)))
         return -jnp.mean(jax.nn.log_softmax(y @ params["embed"].T)[..., 0])
