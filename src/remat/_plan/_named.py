@@ -9,7 +9,8 @@ scans (``full``: nothing saved; ``dots``: the matmul outputs; ``everything``: ev
 backward pass needs) is a candidate (`named_choices`): each is checked on its scans alone
 (`_alone.check_alone`; the ``full`` and ``everything`` programs are compiled already for the
 calibration), and the cheapest predicted to fit is compiled and measured, at most
-`COMPILES` of them. With more scans than `ALL_COMBINATIONS` allows, the uniform choices and
+`COMPILES` of them; when nothing measured fits, ``full`` on every scan is always one of
+them. With more scans than `ALL_COMBINATIONS` allows, the uniform choices and
 each scan's named option with the others ``full`` are the candidates.
 
 `describe` names a compiled point by its strategies, for `remat.InfeasibleBudget`.
@@ -122,13 +123,18 @@ def try_named(
     verify: Callable[[Any, Choice, float], None],
 ) -> None:
     """Compiles the cheapest named candidates predicted to fit (cheaper than ``best``, the
-    plan found), at most `COMPILES`; with none predicted to fit and nothing measured that
-    fits, the smallest predicted, so that the least memory measured is a named point's.
+    plan found), at most `COMPILES`. When nothing measured fits (``best`` None), ``full`` on
+    every scan is one of them whatever its prediction: the prediction carries the memory
+    outside the scans measured on another plan, which can be a schedule's (a `Binomial`
+    plan's), and ``full`` is the strategy a user would measure first.
     ``verify(key, choice, alone)`` compiles and records one."""
     margin = know.margin or 0.0
     reference = cost(prep, best) if best is not None else float("inf")
     predicted = []
-    for _, solution, choice in named_choices(prep):
+    uniform_full = None
+    for names, solution, choice in named_choices(prep):
+        if set(names) == {"full"}:
+            uniform_full = choice_key(choice)
         key = choice_key(choice)
         if key in know.measured or prep.baseline.flops + choice.flops >= reference:
             continue
@@ -138,10 +144,12 @@ def try_named(
     fits = sorted(
         (p for p in predicted if p[0] <= budget_bytes * (1 + band)), key=lambda p: (p[1], p[0])
     )
-    if not fits and best is None and predicted:
-        least = min((k.measured.peak_bytes for k in know.measured.values()), default=None)
-        fits = [p for p in sorted(predicted) if least is None or p[0] < least][:1]
-    for _, _, key, choice, alone in fits[:COMPILES]:
+    fits = fits[:COMPILES]
+    if best is None:  # `full` on every scan is measured whatever the prediction says
+        full = [p for p in predicted if p[2] == uniform_full]
+        if full and full[0] not in fits:
+            fits = [*fits[: COMPILES - 1], full[0]]
+    for _, _, key, choice, alone in fits:
         verify(key, choice, alone)
         if know.measured[key].measured.peak_bytes <= budget_bytes:
             return
