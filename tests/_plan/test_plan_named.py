@@ -15,6 +15,7 @@ from remat._core._budget import read_budget
 from remat._plan import _rounds
 from remat._plan._calibrate import prepare
 from remat._plan._memo import Knowledge
+from remat._plan._named import COMPILES
 from remat._plan._rounds import plan_prepared
 from remat._trace._roll_rewrite import roll_unscanned
 
@@ -111,7 +112,7 @@ def test_at_the_budget_where_full_just_fits(two_stacks, monkeypatch):
     p = plan_prepared(know.prepared, budget, knowledge=know)
     assert p.measured_peak_bytes <= full.peak_bytes
     assert p.measured.flops <= full.flops
-    assert p.stats.step_compiles <= 1  # the named candidate `full` on both stacks
+    assert p.stats.step_compiles <= 1 + COMPILES  # a round, and the named candidates
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args), scale=10)
 
 
