@@ -19,6 +19,10 @@ from remat._plan._named import COMPILES
 from remat._plan._rounds import plan_prepared
 from remat._trace._roll_rewrite import roll_unscanned
 
+# Two full plans of the program (the first with the named candidates off, to show the
+# model's own failure), about 150 s of CPU: behind the `slow` marker.
+pytestmark = pytest.mark.slow
+
 # (layers, d_model, heads, batch, source length, target length)
 SIZES = (4, 32, 4, 2, 32, 24)
 
