@@ -529,3 +529,49 @@ def test_report_from_json_names_the_file_it_cannot_read(tmp_path, content, why):
     message = str(info.value)
     assert "`remat.Report.from_json`" in message and str(path) in message and why in message
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+class _Picky(TypeError):
+    """An error class that is not made from a message alone (as JAX's tracer errors)."""
+
+    def __init__(self, what, where):
+        super().__init__(f"{what} at {where}")
+
+
+def test_renamed_keeps_the_class_only_when_it_carries_the_message():
+    from remat._core._errors import renamed
+
+    kept = renamed(ValueError("`remat.measure` got 3"), "`remat.measure`", "`remat.plan`")
+    assert type(kept) is ValueError and str(kept) == "`remat.plan` got 3"
+    assert kept.__cause__ is None
+    picky = _Picky("`remat.measure` got 3", "x")
+    wrapped = renamed(picky, "`remat.measure`", "`remat.plan`")
+    assert type(wrapped) is TypeError and str(wrapped) == "`remat.plan` got 3 at x"
+    assert wrapped.__cause__ is picky  # the original attached
+    other = ValueError("the user's own error")
+    assert renamed(other, "`remat.measure`", "`remat.plan`") is other  # raised as it is
+
+
+def test_a_traced_bool_in_an_equinox_module_raises_jaxs_error_not_an_internal_one():
+    """An Equinox module whose flag is a bool *array* (traced, as under `eqx.filter_jit`)
+    and a loss that branches on it: JAX's `TracerBoolConversionError`, from every entry
+    point that checks the loss first (rebuilding it from its message used to fail inside
+    remat with an AttributeError)."""
+    eqx = pytest.importorskip("equinox")
+
+    class Flagged(eqx.Module):
+        w: jax.Array
+        train: jax.Array
+
+    def flagged_loss(model, x):
+        return jnp.sum(model.w * x) if model.train else jnp.sum(x)
+
+    model = Flagged(jnp.ones(3), jnp.array(True))
+    for call in (
+        lambda: remat.plan(flagged_loss, model, jnp.ones(3), budget="50%", verbose=False),
+        lambda: remat.compare(flagged_loss, model, jnp.ones(3), strategies=["full"]),
+        lambda: plan_budgets(flagged_loss, model, jnp.ones(3), budgets=["50%"], verbose=False),
+        lambda: remat.measure(flagged_loss, model, jnp.ones(3), repeats=0),
+    ):
+        with pytest.raises(jax.errors.TracerBoolConversionError, match=r"model\.train"):
+            call()

@@ -18,6 +18,7 @@ from jax._src.ad_checkpoint import saved_residuals  # not re-exported by jax.ad_
 from jax.extend import core
 
 from .._trace import _jaxpr_walk as walk
+from .._trace._eqx import with_modules_split
 from ._findings import Finding
 from ._policy_info import (
     NAME_P,
@@ -102,6 +103,7 @@ def lint(
       >>> [f.code for f in remat.lint(loss, jnp.ones(3), measure=False)]
       ['RM001']
     """
+    fn, args = with_modules_split(fn, args)  # Equinox modules: arrays traced, the rest static
     _check_args(fn, args)
     if not isinstance(measure, bool):
         raise ValueError(_NOT_BOOL_MEASURE.format(got=measure))

@@ -34,6 +34,7 @@ from .._trace._checkpoints import (
     strip_checkpoints,
     traced_dot_flops,
 )
+from .._trace._eqx import with_modules_split
 from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, peak_bytes
@@ -378,6 +379,7 @@ def measure(
         raise TypeError(_NOT_CALLABLE.format(got=fn))
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
         raise ValueError(_BAD_REPEATS.format(got=repeats))
+    fn, args = with_modules_split(fn, args)  # Equinox modules: arrays traced, the rest static
     argnums_t = _check_args(args, argnums, repeats)
     argnums = argnums if isinstance(argnums, int) else argnums_t
     spec = as_step(Step(argnums, bool(has_aux), optimizer))

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .._core._errors import renamed
 from .._trace._apply import apply as apply_strategy
 from .._trace._roll_rewrite import roll_unscanned
 from .._trace._tag import planned_scans, rewrite
@@ -93,7 +94,7 @@ def apply_plan(fn: Callable[..., Any], plan: Plan | str | os.PathLike) -> Callab
         try:
             plan = read_plan(plan)
         except ValueError as err:
-            raise ValueError(str(err).replace("`remat.load_plan`", "`remat.apply`")) from None
+            raise renamed(err, "`remat.load_plan`", "`remat.apply`")  # noqa: B904 (`renamed` chains)
     if not plan.scans:  # the program fits as written: nothing to apply
         return fn
     target = roll_unscanned(fn) if plan.rolled else fn

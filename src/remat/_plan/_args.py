@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core._budget import Budget, read_budget
+from .._core._errors import renamed
 
 _NOT_BOOL = (
     "`{where}` got {name}={got!r}; pass True or False ({name} is a switch, and a "
@@ -85,7 +86,7 @@ def read_budgets(budgets: Any) -> list[Budget]:
         try:
             out.append(read_budget(budget, sensible=True))
         except ValueError as err:
-            raise ValueError(str(err).replace("`remat.plan`", "`plan_budgets`")) from None
+            raise renamed(err, "`remat.plan`", "`plan_budgets`")  # noqa: B904 (`renamed` chains)
     return out
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 
+from .._core._errors import renamed
 from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
 from .._measure._step import Step
@@ -113,7 +114,7 @@ def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> N
         _check_args(args, argnums, 0)
         _check_scalar(fn, args, getattr(argnums, "has_aux", False))
     except (TypeError, ValueError) as err:
-        raise type(err)(str(err).replace("`remat.measure`", "`remat.plan`")) from None
+        raise renamed(err, "`remat.measure`", "`remat.plan`")  # noqa: B904 (`renamed` chains)
 
 
 def prepare(

@@ -13,6 +13,7 @@ from typing import Any
 from .._core._plain import PlainError, check_plain, edited_fields, from_plain
 from .._core._schedule import Binomial, Nested, Schedule
 from .._measure._measurement import Measurement
+from .._trace._eqx import has_modules, taking_modules, with_modules_split
 from .._trace._roll_rewrite import roll_unscanned
 from .._trace._tag import ScanChoice, rewrite
 from ._options import SavedValue, ScanPlan
@@ -107,12 +108,17 @@ def load_plan(
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(got=fn))
     plan = read_plan(path, optimizer)
+    user, split = fn, has_modules(args)
+    fn, args = with_modules_split(fn, args)  # Equinox modules, as `remat.plan` split them
     if plan.rolled:
         fn = roll_unscanned(fn)  # the plan's positions are those of the rolled scans
     now = fingerprint(fn, *args)
     if plan.fingerprint != now:
         raise ValueError(_CHANGED.format(path=path, saved=plan.fingerprint, now=now))
-    return dataclasses.replace(plan, fn=rewrite(fn, scan_choices(plan)))
+    planned = rewrite(fn, scan_choices(plan))
+    if split:  # called with the modules, as ``fn`` is
+        planned = taking_modules(planned, user)
+    return dataclasses.replace(plan, fn=planned)
 
 
 def scan_choices(plan: Plan) -> dict[int, ScanChoice]:

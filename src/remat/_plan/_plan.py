@@ -40,6 +40,7 @@ from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
 from .._measure._step import Step, as_step
+from .._trace._eqx import has_modules, taking_modules, with_modules_split
 from .._trace._traced import traced_once
 from ._args import (
     check_bool,
@@ -169,6 +170,8 @@ def plan(
         device_memory = device_memory_bytes()
     spec = _step_spec(argnums, has_aux, optimizer)
     bandwidth = host_bandwidth if offload else None
+    user = fn if has_modules(args) else None  # Equinox modules, split (see `_trace._eqx`)
+    fn, args = with_modules_split(fn, args)
     check_inputs(fn, args, spec)  # before `has_scans` traces ``fn``
     progress = Progress(verbose)
     since = (tally(), time.perf_counter())
@@ -178,11 +181,11 @@ def plan(
                                       device_memory, bandwidth, progress)  # fmt: skip
             if isinstance(result, InfeasibleBudget):
                 raise result
-            return _finished(result, spec)
+            return _finished(result, spec, user)
         know = knowledge(fn, args, spec, schedules, bandwidth, progress)
         plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
                               since)  # fmt: skip
-        return _finished(plan_, spec)
+        return _finished(plan_, spec, user)
 
 
 def knowledge(
@@ -233,8 +236,12 @@ def _step_spec(argnums: Any, has_aux: bool, optimizer: Any) -> Any:
     return as_step(Step(argnums, bool(has_aux), optimizer), "remat.plan")
 
 
-def _finished(result: Plan, spec: Any) -> Plan:
-    """The plan with its step's description as plain fields (``argnums`` as JSON data)."""
+def _finished(result: Plan, spec: Any, user: Callable[..., Any] | None = None) -> Plan:
+    """The plan with its step's description as plain fields (``argnums`` as JSON data), and
+    ``plan.fn`` taking Equinox modules as ``user`` (the caller's ``fn``, when its arguments
+    held modules, split for planning: `_trace._eqx`) takes them."""
+    if user is not None:
+        result = dataclasses.replace(result, fn=taking_modules(result.fn, user))
     if not isinstance(spec, Step):
         return result
     return dataclasses.replace(
@@ -278,6 +285,8 @@ def plan_budgets(
     check_max_rounds(max_rounds, "plan_budgets")
     check_bool(verbose, "verbose", "plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
+    user = fn if has_modules(args) else None
+    fn, args = with_modules_split(fn, args)
     check_inputs(fn, args, spec)
     progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
@@ -286,13 +295,14 @@ def plan_budgets(
         if roll and not has_scans(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
                                     progress)  # fmt: skip
-            return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec) for p in planned]
+            return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec, user)
+                    for p in planned]  # fmt: skip
         know = knowledge(fn, args, spec, schedules, None, progress)
         for budget in read:  # the first plan's stats include the shared preparation
             try:
                 plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know, progress,
                                       since)  # fmt: skip
-                out.append(_finished(plan_, spec))
+                out.append(_finished(plan_, spec, user))
             except InfeasibleBudget as err:
                 out.append(err)
             since = None

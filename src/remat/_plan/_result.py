@@ -31,7 +31,7 @@ PLAN_FORMAT = 2
 _INFEASIBLE = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the smallest peak the "
     "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
-    "{baseline_name} {baseline}). Raise the budget to at least {smallest}, or reduce "
+    "{baseline_name} {baseline}{strategy}). Raise the budget to at least {smallest}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
 
@@ -51,10 +51,18 @@ class InfeasibleBudget(ValueError):
       smallest_peak_bytes: the smallest measured peak the planner reached.
       baseline_peak_bytes: the un-checkpointed peak (the peak as written, for a program
         that checkpoints already).
+      strategy: what the smallest measured point does, in words (e.g. ```full` on every
+        scan``), or None when no point was measured.
     """
 
     def __init__(
-        self, budget: Any, budget_bytes: int, smallest: int, baseline: int, written: bool = False
+        self,
+        budget: Any,
+        budget_bytes: int,
+        smallest: int,
+        baseline: int,
+        written: bool = False,
+        strategy: str | None = None,
     ):
         super().__init__(
             _INFEASIBLE.format(
@@ -65,8 +73,10 @@ class InfeasibleBudget(ValueError):
                 smallest_bytes=smallest,
                 fraction=smallest / baseline if baseline else 0.0,
                 baseline=format_bytes(baseline),
+                strategy="" if strategy is None else f", measured with {strategy}",
             )
         )
+        self.strategy = strategy
         self.budget_bytes = budget_bytes
         self.smallest_peak_bytes = smallest
         self.baseline_peak_bytes = baseline

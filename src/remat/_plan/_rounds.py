@@ -26,6 +26,8 @@ from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost
 from ._milp import Solution, solve
+from ._named import describe, try_named
+from ._named import wanted as named_wanted
 from ._options import Choice, decode
 from ._result import InfeasibleBudget, Plan, PlanStats
 from ._search import (
@@ -186,6 +188,12 @@ def plan_prepared(
         elif smallest:
             break  # the least memory the model knows is over: nothing smaller to try
     best = best_known(prep, know, budget_bytes)
+    if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
+        say("checking the named strategies")
+        try_named(prep, know, budget_bytes, best,
+                  lambda key, choice, alone: _verify(prep, know, key, choice,
+                                                     know.margin or 0.0, alone=alone))  # fmt: skip
+        best = best_known(prep, know, budget_bytes)
     counts, seconds = tally()
     stats = PlanStats(
         step_compiles=counts.get(STEP, 0) - counts0.get(STEP, 0),
@@ -195,11 +203,12 @@ def plan_prepared(
         seconds=time.perf_counter() - clock,
     )  # fmt: skip
     if best is None:
-        peaks = [peak_of(k.measured) for k in know.measured.values()]
-        smallest_peak = min(peaks) if peaks else prep.smallest
+        least = min(know.measured.values(), key=lambda k: peak_of(k.measured), default=None)
+        smallest_peak = prep.smallest if least is None else peak_of(least.measured)
         raise InfeasibleBudget(
-            budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written)
-        )
+            budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
+            strategy=None if least is None else describe(prep, least.choice),
+        )  # fmt: skip
     return Plan(
         fn=_rewrite(prep, best.choice),
         scans=best.choice.scans,

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .._core._errors import renamed
 from .._core._strategy import STRATEGY_NAMES, Strategy, as_strategy
 from ._report import Report, current_machine
 
@@ -119,6 +120,7 @@ def compare(
       (('none', 'full'), 'none')
     """
     from .._measure._measure import _check_args, _check_scalar, measure
+    from .._trace._eqx import with_modules_split
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
         raise ValueError(_BAD_REPEATS.format(got=repeats))
@@ -126,11 +128,12 @@ def compare(
         raise ValueError(_BAD_TITLE.format(got=title))
     if not isinstance(progress, bool):
         raise ValueError(_BAD_PROGRESS.format(got=progress))
+    fn, args = with_modules_split(fn, args)  # Equinox modules: arrays traced, the rest static
     try:  # `remat.measure`'s input checks, named for `remat.compare`, before any compiling
         _check_args(args, argnums, repeats)
         _check_scalar(fn, args, has_aux)
     except (TypeError, ValueError) as err:
-        raise type(err)(str(err).replace("`remat.measure`", "`remat.compare`")) from None
+        raise renamed(err, "`remat.measure`", "`remat.compare`")  # noqa: B904 (`renamed` chains)
     entries = _labelled(strategies)
     labels = [label for label, _ in entries]
     if isinstance(baseline, str) and baseline in labels:

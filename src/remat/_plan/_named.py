@@ -1,0 +1,185 @@
+"""The named strategies as candidates: a plan is never worse than one remat can name.
+
+The integer program's memory model is linear, and on a program with several stacks (an
+encoder and a decoder, a vision tower and a language model) its least-memory choice can
+compile above a strategy that a user would try first: ``remat.measure(loss, *args,
+strategy="full")``. So before a budget is declared infeasible, and when the budget is near
+the least memory measured (`NEAR`), every combination of named per-step save sets over the
+scans (``full``: nothing saved; ``dots``: the matmul outputs; ``everything``: every value the
+backward pass needs) is a candidate (`named_choices`): each is checked on its scans alone
+(`_alone.check_alone`; the ``full`` and ``everything`` programs are compiled already for the
+calibration), and the cheapest predicted to fit is compiled and measured, at most
+`COMPILES` of them; when nothing measured fits, ``full`` on every scan is always one of
+them. With more scans than `ALL_COMBINATIONS` allows, the uniform choices and
+each scan's named option with the others ``full`` are the candidates.
+
+`describe` names a compiled point by its strategies, for `remat.InfeasibleBudget`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from ._alone import check_alone
+from ._calibrate import Prepared
+from ._memo import Knowledge, Known, choice_key, cost
+from ._milp import Solution
+from ._options import Choice, decode, fixed_solution
+
+# The named per-step save sets, least memory first.
+NAMES = ("full", "dots", "everything")
+# A budget at most this far above the least memory measured for the program makes the named
+# strategies candidates even when a plan fits (the model is least accurate there).
+NEAR = 0.10
+# Step compiles spent on named candidates per budget.
+COMPILES = 2
+# Every combination of named save sets is a candidate up to this many (3 scans: 27).
+ALL_COMBINATIONS = 27
+# When nothing measured fits, a named candidate predicted at most this far over the budget
+# is still compiled (the scan-alone prediction is within a few percent).
+BAND = 0.02
+
+
+def _save(prep: Prepared, o: int, name: str) -> bool | frozenset[int]:
+    """`fixed_solution`'s ``save`` for option ``o`` under the named strategy ``name``."""
+    if name == "full":
+        return False
+    if name == "everything":
+        return True
+    values = prep.models[prep.cands[o].scan].values
+    return frozenset(i for i, v in enumerate(values) if v.primitive == "dot_general")
+
+
+def _per_step(prep: Prepared) -> list[int]:
+    """Each scan's ``per_step`` option, in scan order."""
+    return [o for o, c in enumerate(prep.cands) if c.schedule == "per_step"]
+
+
+def _merged(parts: list[Solution]) -> Solution:
+    return Solution(
+        saved=frozenset().union(*(p.saved for p in parts)),
+        recomputed=frozenset().union(*(p.recomputed for p in parts)),
+        recompute_flops=sum(p.recompute_flops for p in parts),
+        saved_bytes=sum(p.saved_bytes for p in parts),
+        transient_bytes=max(p.transient_bytes for p in parts),
+        options=tuple(o for p in parts for o in p.options),
+        slice_bytes=sum(p.slice_bytes for p in parts),
+    )
+
+
+def named_choice(prep: Prepared, names: tuple[str, ...]) -> tuple[Solution, Choice]:
+    """The per-step plan that runs scan ``k`` with the named strategy ``names[k]``."""
+    options = _per_step(prep)
+    parts = [
+        fixed_solution(prep.cands, prep.offsets, [o], _save(prep, o, name))
+        for o, name in zip(options, names, strict=True)
+    ]
+    solution = _merged(parts)
+    choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
+                    prep.slice)  # fmt: skip
+    return solution, choice
+
+
+def named_choices(prep: Prepared) -> list[tuple[tuple[str, ...], Solution, Choice]]:
+    """Every combination of named strategies over the scans (see the module docstring),
+    without repeats (on a scan without matmuls ``dots`` is ``full``)."""
+    scans = len(_per_step(prep))
+    if not scans:
+        return []
+    if len(NAMES) ** scans <= ALL_COMBINATIONS:
+        combos = list(itertools.product(NAMES, repeat=scans))
+    else:
+        combos = [(name,) * scans for name in NAMES]
+        for k, name in itertools.product(range(scans), NAMES[1:]):
+            combos.append(tuple(name if j == k else "full" for j in range(scans)))
+    out, seen = [], set()
+    for names in combos:
+        solution, choice = named_choice(prep, names)
+        key = choice_key(choice)
+        if key not in seen:
+            seen.add(key)
+            out.append((names, solution, choice))
+    return out
+
+
+def wanted(prep: Prepared, know: Knowledge, best: Known | None, budget_bytes: int) -> bool:
+    """Whether the named strategies are tried: nothing measured fits, or the budget is
+    within `NEAR` of the least memory measured for the program."""
+    if not prep.scan_fits or not _per_step(prep):
+        return False
+    if best is None:
+        return True
+    least = min(k.measured.peak_bytes for k in know.measured.values())
+    return budget_bytes <= (1 + NEAR) * least
+
+
+def try_named(
+    prep: Prepared,
+    know: Knowledge,
+    budget_bytes: int,
+    best: Known | None,
+    verify: Callable[[Any, Choice, float], None],
+) -> None:
+    """Compiles the cheapest named candidates predicted to fit (cheaper than ``best``, the
+    plan found), at most `COMPILES`. When nothing measured fits (``best`` None), ``full`` on
+    every scan is one of them whatever its prediction: the prediction carries the memory
+    outside the scans measured on another plan, which can be a schedule's (a `Binomial`
+    plan's), and ``full`` is the strategy a user would measure first.
+    ``verify(key, choice, alone)`` compiles and records one."""
+    margin = know.margin or 0.0
+    reference = cost(prep, best) if best is not None else float("inf")
+    predicted = []
+    uniform_full = None
+    for names, solution, choice in named_choices(prep):
+        if set(names) == {"full"}:
+            uniform_full = choice_key(choice)
+        key = choice_key(choice)
+        if key in know.measured or prep.baseline.flops + choice.flops >= reference:
+            continue
+        alone, _ = check_alone(prep, know, solution, choice)
+        predicted.append((alone + margin, choice.flops, key, choice, alone))
+    band = BAND if best is None else 0.0  # with a plan that fits, only a sure improvement
+    fits = sorted(
+        (p for p in predicted if p[0] <= budget_bytes * (1 + band)), key=lambda p: (p[1], p[0])
+    )
+    fits = fits[:COMPILES]
+    if best is None:  # `full` on every scan is measured whatever the prediction says
+        full = [p for p in predicted if p[2] == uniform_full]
+        if full and full[0] not in fits:
+            fits = [*fits[: COMPILES - 1], full[0]]
+    for _, _, key, choice, alone in fits:
+        verify(key, choice, alone)
+        if know.measured[key].measured.peak_bytes <= budget_bytes:
+            return
+
+
+def describe(prep: Prepared, choice: Choice) -> str:
+    """A compiled point in words: ```full` on every scan``, or each scan's strategy."""
+    options = _per_step(prep)
+    labels = []
+    for o in options:
+        position = prep.models[prep.cands[o].scan].index
+        scan = choice.choices.get(position)
+        label = None
+        if scan is None:
+            label = "as written"
+        elif scan.schedule == "per_step":
+            for name in NAMES:
+                solution = fixed_solution(prep.cands, prep.offsets, [o], _save(prep, o, name))
+                named = decode(solution, prep.cands, prep.offsets, prep.models, 1.0)
+                if named.choices[position].names == scan.names:
+                    label = name
+                    break
+            if label is None:
+                label = f"{len(scan.names)} values saved per step"
+        else:
+            label = repr(scan.schedule)
+        labels.append(label)
+    if len(set(labels)) == 1 and labels[0] in NAMES:
+        return f"`{labels[0]}` on every scan"
+    return "; ".join(
+        f"scan {prep.models[prep.cands[o].scan].index}: {label}"
+        for o, label in zip(options, labels, strict=True)
+    )

@@ -1,0 +1,135 @@
+"""Equinox modules passed whole, as ``eqx.filter_value_and_grad(loss)(model, x)`` takes
+them: array leaves traced (floating point ones differentiated), every other leaf (the
+dropout's ``inference`` bool, its rate, activation functions) static, on every entry point."""
+
+from __future__ import annotations
+
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat
+from conftest import assert_tree_allclose
+from remat._plan._plan import plan_budgets
+from remat._trace._eqx import Split, combined, has_modules, split_modules
+
+eqx = pytest.importorskip("equinox")
+
+
+class Block(eqx.Module):
+    norm: eqx.nn.LayerNorm
+    mlp: eqx.nn.MLP
+    drop: eqx.nn.Dropout
+
+    def __init__(self, d, key):
+        self.norm = eqx.nn.LayerNorm(d)
+        self.mlp = eqx.nn.MLP(d, d, 2 * d, depth=1, activation=jax.nn.gelu, key=key)
+        self.drop = eqx.nn.Dropout(0.1)
+
+    def __call__(self, x, key):
+        return x + self.drop(jax.vmap(self.mlp)(jax.vmap(self.norm)(x)), key=key)
+
+
+class Model(eqx.Module):
+    """Layers in a Python list, looped over: Equinox's own way of writing a stack."""
+
+    blocks: list
+    head: eqx.nn.Linear
+    steps: jax.Array  # an integer leaf: traced, not differentiated
+
+    def __init__(self, d, layers, key):
+        keys = jax.random.split(key, layers + 1)
+        self.blocks = [Block(d, k) for k in keys[:layers]]
+        self.head = eqx.nn.Linear(d, 1, key=keys[-1])
+        self.steps = jnp.zeros((), jnp.int32)
+
+    def __call__(self, x, key):
+        for block, k in zip(self.blocks, jax.random.split(key, len(self.blocks)), strict=True):
+            x = block(x, k)
+        return jax.vmap(self.head)(x)
+
+
+def loss(model, x, key):
+    return jnp.mean(model(x, key) ** 2)
+
+
+def make(d=8, layers=3, tokens=32):
+    model = Model(d, layers, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (tokens, d))
+    return model, x, jax.random.key(2)
+
+
+def test_split_keeps_arrays_as_leaves_and_the_rest_static():
+    model, x, key = make()
+    (split, x2, key2) = split_modules((model, x, key))
+    assert isinstance(split, Split) and x2 is x and key2 is key
+    arrays = jax.tree_util.tree_leaves(split)
+    assert arrays == [a for a in jax.tree_util.tree_leaves(model) if eqx.is_array(a)]
+    assert not has_modules(split_modules((model,)))
+    # the static part: the bool, the rate and the activation function, in the structure
+    assert jax.tree_util.tree_structure(split) == jax.tree_util.tree_structure(
+        split_modules((model,))[0]
+    )
+    assert float(combined(loss)(split, x, key)) == float(loss(model, x, key))
+
+
+def test_measure_is_the_measure_of_the_split_program():
+    model, x, key = make()
+    arrays, static = eqx.partition(model, eqx.is_array)
+    by_hand = remat.measure(lambda a, x, k: loss(eqx.combine(a, static), x, k), arrays, x, key,
+                            repeats=0)  # fmt: skip
+    m = remat.measure(loss, model, x, key, repeats=0)
+    assert (m.peak_bytes, m.flops) == (by_hand.peak_bytes, by_hand.flops)
+    full = remat.measure(loss, model, x, key, strategy="full", repeats=0)  # rolled, then full
+    assert full.flops > m.flops and full.peak_bytes < m.peak_bytes
+
+
+def test_apply_lint_and_compare_take_the_module():
+    model, x, key = make()
+    grads = eqx.filter_grad(remat.apply(loss, "full"))(model, x, key)
+    assert_tree_allclose(grads, eqx.filter_grad(loss)(model, x, key))
+    assert remat.lint(loss, model, x, key, strategy="full") == []
+    report = remat.compare(loss, model, x, key, strategies=["full"], repeats=0, progress=False)
+    assert report.labels == ("none", "full")
+
+
+def test_planned_whole_at_50_and_35_percent_with_equinox_gradients(tmp_path):
+    """The issue's case: the model passed whole (a dropout's ``inference`` bool, an int
+    leaf, activation functions among its leaves), planned at 50% and 35% of its peak; each
+    plan's gradients are ``eqx.filter_grad``'s of the loss, in the module's structure."""
+    model, x, key = make(layers=8, tokens=512)
+    want = eqx.filter_value_and_grad(loss)(model, x, key)
+    plans = plan_budgets(loss, model, x, key, budgets=["50%", "35%"], verbose=False)
+    for plan in plans:
+        assert isinstance(plan, remat.Plan), plan
+        assert plan.rolled and plan.measured_peak_bytes <= plan.budget_bytes
+        assert_tree_allclose(eqx.filter_value_and_grad(plan.fn)(model, x, key), want)
+    assert plans[1].measured_peak_bytes <= 0.35 * plans[1].baseline_peak_bytes
+    path = tmp_path / "plan.json"
+    plans[1].to_json(path)
+    loaded = remat.load_plan(path, loss, model, x, key)
+    assert_tree_allclose(eqx.filter_value_and_grad(loaded.fn)(model, x, key), want)
+    applied = remat.apply(loss, path)
+    assert_tree_allclose(eqx.filter_value_and_grad(applied)(model, x, key), want)
+
+
+def test_cli_measures_an_equinox_target(tmp_path, capsys):
+    from remat._cli._cli import main
+
+    path = tmp_path / "eqx_model.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import jax, jax.numpy as jnp, equinox as eqx
+
+            def make():
+                mlp = eqx.nn.MLP(8, 1, 16, depth=2, key=jax.random.key(0))
+                loss = lambda m, x: jnp.mean(jax.vmap(m)(x) ** 2)
+                return loss, (mlp, jnp.ones((4, 8)))
+            """
+        )
+    )
+    assert main(["measure", f"{path}:make", "--repeats", "0"]) == 0
+    assert "peak" in capsys.readouterr().out
