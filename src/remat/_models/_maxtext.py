@@ -76,6 +76,7 @@ class DecoderLayer(nn.Module):
     d_model: int
     heads: int
     mlp_dim: int
+    dtype: Any = None  # the matmuls' dtype (None: the parameters', float32)
 
     @nn.compact
     def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
@@ -83,7 +84,7 @@ class DecoderLayer(nn.Module):
         hd = d // self.heads
 
         def dense(features, name, axis=-1):
-            return nn.DenseGeneral(features, axis=axis, use_bias=False, name=name)
+            return nn.DenseGeneral(features, axis=axis, use_bias=False, dtype=self.dtype, name=name)
 
         x = checkpoint_name(x, "decoder_layer_input")
         h = RMSNorm(name="pre_self_attention_norm")(x)
@@ -112,10 +113,11 @@ class Decoder(nn.Module):
     vocab: int
     policy: Any = None  # a checkpoint policy, or None for no nn.remat
     remat: bool = False
+    dtype: Any = None  # the activations' dtype (None: float32); parameters stay float32
 
     @nn.compact
     def __call__(self, tokens):
-        x = nn.Embed(self.vocab, self.d_model, name="token_embedder")(tokens)
+        x = nn.Embed(self.vocab, self.d_model, dtype=self.dtype, name="token_embedder")(tokens)
         layer = DecoderLayer
         if self.remat:
             layer = nn.remat(layer, policy=self.policy, prevent_cse=False)
@@ -124,14 +126,21 @@ class Decoder(nn.Module):
             variable_axes={"params": 0},
             split_rngs={"params": True},
             length=self.layers,
-        )(self.d_model, self.heads, self.mlp_dim, name="layers")
+        )(self.d_model, self.heads, self.mlp_dim, self.dtype, name="layers")
         x, _ = stack(x, None)
         x = RMSNorm(name="decoder_norm")(x)
-        return nn.DenseGeneral(self.vocab, use_bias=False, name="logits_dense")(x)
+        logits = nn.DenseGeneral(self.vocab, use_bias=False, dtype=self.dtype, name="logits_dense")
+        return logits(x).astype(jnp.float32)
 
 
-def make_decoder(policy_names: tuple[str, ...] | None, sizes: dict):
-    """``(loss, (params, tokens))`` for the decoder with a preset (``None``: no nn.remat)."""
+def make_decoder(
+    policy_names: tuple[str, ...] | None, sizes: dict, dtype: Any = None, abstract: bool = False
+):
+    """``(loss, (params, tokens))`` for the decoder with a preset (``None``: no nn.remat).
+
+    ``dtype`` is the activations' (``jnp.bfloat16``: mixed precision, float32 parameters);
+    ``abstract`` gives `jax.ShapeDtypeStruct` s for the parameters and tokens, for sizes too
+    large to hold here (nothing is initialised)."""
     if policy_names is None:
         policy, use_remat = None, False
     elif policy_names:
@@ -140,12 +149,17 @@ def make_decoder(policy_names: tuple[str, ...] | None, sizes: dict):
         policy, use_remat = jax.checkpoint_policies.nothing_saveable, True
     model = Decoder(
         sizes["layers"], sizes["d_model"], sizes["heads"], sizes["mlp_dim"], sizes["vocab"],
-        policy=policy, remat=use_remat,
+        policy=policy, remat=use_remat, dtype=dtype,
     )  # fmt: skip
-    tokens = jax.random.randint(
-        jax.random.key(1), (sizes["batch"], sizes["seq"] + 1), 0, sizes["vocab"]
-    )
-    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])["params"]
+    if abstract:
+        tokens = jax.ShapeDtypeStruct((sizes["batch"], sizes["seq"] + 1), jnp.int32)
+        inputs = jax.ShapeDtypeStruct((sizes["batch"], sizes["seq"]), jnp.int32)
+        params = jax.eval_shape(model.init, jax.random.key(0), inputs)["params"]
+    else:
+        tokens = jax.random.randint(
+            jax.random.key(1), (sizes["batch"], sizes["seq"] + 1), 0, sizes["vocab"]
+        )
+        params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])["params"]
 
     def loss(params, tokens):
         logits = model.apply({"params": params}, tokens[:, :-1])

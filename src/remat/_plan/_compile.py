@@ -126,6 +126,7 @@ def compile_measure(
     """
     from .._measure._hlo import hlo_flops
     from .._measure._measure import measure_compiled
+    from .._measure._peak import compiled_platform
     from .._measure._residuals import saved_residuals
     from .._shard._sharding import num_devices
     from .._trace._checkpoints import traced_dot_flops
@@ -156,7 +157,7 @@ def compile_measure(
         compile_seconds=seconds,
         seconds=None,
         strategy=label,
-        backend=jax.default_backend(),
+        backend=compiled_platform(compiled),
         num_devices=num_devices(compiled),
         plain_flops=None if baseline is None else baseline.flops,
     )
