@@ -127,12 +127,14 @@ def compile_target_of(args: Any, command: str) -> Any:
     """The parsed ``--target`` (None without one); a bad name exits 2 before any import."""
     if args.compile_target is None:
         return None
-    from .._shard._target import parse_target
+    from .._shard._target import parse_target, require_libtpu
 
     try:
-        return parse_target(args.compile_target, f"{command} --target")
-    except (TypeError, ValueError) as err:
+        target = parse_target(args.compile_target, f"{command} --target")
+        require_libtpu(target, f"{command} --target")
+    except (TypeError, ValueError, RuntimeError) as err:
         raise CliError(str(err).replace("`", "").replace("target=", ""), EXIT_USAGE) from err
+    return target
 
 
 def repeats_for(repeats: int | None, args: tuple[Any, ...], target: Any = None) -> int:

@@ -267,12 +267,17 @@ def libtpu_available() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
-@functools.cache
-def _devices(target: Target, where: str) -> tuple[Any, ...]:
+def require_libtpu(target: Target, where: str) -> None:
+    """Raises the `_NO_LIBTPU` error (how to install libtpu) where it is not installed."""
     if not libtpu_available():
         import sys
 
         raise RuntimeError(_NO_LIBTPU.format(where=where, got=target.name, python=sys.executable))
+
+
+@functools.cache
+def _devices(target: Target, where: str) -> tuple[Any, ...]:
+    require_libtpu(target, where)
     from jax.experimental import topologies
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
