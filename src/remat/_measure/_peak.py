@@ -26,7 +26,11 @@ Which figure, per backend:
   compiler's own capacity check agrees: a v5e program of 16100 MiB in HBM and 96 MiB in
   VMEM (``peak_memory_in_bytes`` 16196 MiB, over the 15.75 GiB = 16128 MiB a v5e program
   may use) compiles, and one of 16127 MiB in HBM is refused ("Ran out of memory on HBM").
-  docs/tpu.md has the measurements.
+  The sum is exact (within 0.5 MiB of the buffer assignment's HBM) on steps that save per
+  step, and above it, never below, where memory-space assignment keeps loop state in VMEM
+  (16-40 MiB on `remat.Nested`, `remat.Binomial` and offloading steps, at least 0.56 GiB on
+  a Llama-3.2-1B step), so a plan under its budget by this figure is under it by the
+  compiler's. docs/tpu.md has the measurements.
 - **GPU**: the backend's own ``peak_memory_in_bytes`` (from buffer assignment's heap
   simulation, which knows when buffers die) when it is at least ``temp + argument - alias``
   (the temporaries buffer and the arguments coexist, so a smaller figure cannot be a peak);
