@@ -98,6 +98,7 @@ def test_measure_compiles_for_the_target():
     assert m.argument_bytes == 2 * 4 * 512 * 2048 * 2 // 4 + 2048 * 512 * 2 // 4
 
 
+@pytest.mark.slow  # about 10 compiles, 7.5 min on this loaded host: `./dev test-tpu -m slow`
 def test_plan_for_v5e_fits_the_tpu_compilers_peak():
     """A plan made for one v5e chip, from shapes: its step compiled by the TPU compiler
     fits the budget, and the scan-alone calibration compiled for the TPU too."""
