@@ -126,7 +126,7 @@ def main() -> None:
             r = compile_preset(strategy, sized, target)
             results[strategy] = r
             if "oom" in r:
-                cells = ("refused", f"{r['oom']:.2f} G asked", "", "", "no")
+                cells = ("refused", f"{r['oom']:.2f} G asked", "", "no")
             else:
                 fits = "yes" if r["peak"] <= target.hbm_bytes else "no"
                 cells = (f"{r['peak'] / GIB:.2f}", f"{r['backend_peak'] / GIB:.2f}",
@@ -162,7 +162,7 @@ def main() -> None:
         "## TPU compiler: Llama-shaped steps on v5e and v5p slices, from a CPU host",
         "",
         "Compiled for TPU slices on this CPU host (XLA's TPU compiler from libtpu, deviceless; "
-        "`PYTHONPATH=src python benchmarks/tpu_bench.py`). " + machine_line(),
+        "`PYTHONPATH=src python benchmarks/tpu_bench.py`). " + machine_line() + ".",
         "Peaks are per chip, HBM (`temp + argument + output - alias`, remat's TPU rule); the "
         "compiler's `peak_memory_in_bytes` also counts on-chip VMEM (docs/tpu.md). Data "
         "parallel (parameters replicated, one sequence per chip); bf16 activations, f32 "
