@@ -27,8 +27,10 @@ from ._plan._apply import apply as apply
 from ._trace._rewrite import list_scans as list_scans
 from ._trace._rewrite import rewrite_scans as rewrite_scans
 
-# --- sharding ---
+# --- sharding, compile targets ---
 from ._shard._sharding import per_device_bytes as per_device_bytes
+from ._shard._target import Target as Target
+from ._shard._target import parse_target as parse_target
 
 # --- measure ---
 from ._measure._measurement import Measurement as Measurement
@@ -72,6 +74,7 @@ __all__ = [
     "Residual",
     "ScanInfo",
     "Strategy",
+    "Target",
     "Timing",
     "apply",
     "compare",
@@ -80,6 +83,7 @@ __all__ = [
     "load_plan",
     "measure",
     "memory",
+    "parse_target",
     "per_device_bytes",
     "plan",
     "plot_memory",

@@ -145,3 +145,23 @@ def test_unknown_strategy_names_the_command_and_the_strategy(capsys, target, arg
     code, _, err = _run(capsys, [argv[0], f"{target}:make", *argv[1:]])
     assert code == 2 and err.count("\n") == 1
     assert names in err and "'bogus'" in err
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    ("slice_", "libtpu", "match"),
+    [
+        ("tpu:v9:2x2", True, "is not a compile target"),
+        ("tpu:v5e:2x2", False, "pip install 'remat[tpu]'"),
+    ],
+)
+def test_bad_compile_targets_exit_2_with_one_line(
+    capsys, target, command, slice_, libtpu, match, monkeypatch
+):
+    from remat._shard import _target
+
+    monkeypatch.setattr(_target, "libtpu_available", lambda: libtpu)
+    argv = [command, f"{target}:make", *COMMANDS[command], "--target", slice_]
+    code, _, err = _run(capsys, argv)
+    assert code == 2
+    assert err.count("\n") == 1 and match in err and "Traceback" not in err

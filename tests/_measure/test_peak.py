@@ -92,16 +92,27 @@ def test_cpu_never_takes_the_backend_peak():
     assert (m.peak_bytes, m.peak_source) == (640, SUM)
 
 
-def test_accelerators_take_a_plausible_backend_peak_and_refuse_an_impossible_one():
+def test_gpu_takes_a_plausible_backend_peak_and_refuses_an_impossible_one():
     ok = CompiledMemory.from_parts(
         temp=100, argument=40, output=500, alias=0, backend_peak=600, platform="gpu"
     )
     assert (ok.peak_bytes, ok.peak_source) == (600, "peak_memory_in_bytes")
     # Below temp + argument - alias: cannot be a peak, so the sum is used.
     bad = CompiledMemory.from_parts(
-        temp=100, argument=40, output=500, alias=0, backend_peak=120, platform="tpu"
+        temp=100, argument=40, output=500, alias=0, backend_peak=120, platform="gpu"
     )
     assert (bad.peak_bytes, bad.peak_source) == (640, SUM)
+
+
+def test_tpu_peak_is_hbm_never_the_backend_peak():
+    # The TPU compiler's peak_memory_in_bytes adds on-chip VMEM: the scanned MLP
+    # checkpointed with `full` (docs/tpu.md), temp 0, 130 MiB of arguments, 128 MiB of outputs.
+    mib = 2**20
+    m = CompiledMemory.from_parts(
+        temp=0, argument=130 * mib, output=128 * mib + 1024, alias=0,
+        backend_peak=423630848, platform="tpu",
+    )  # fmt: skip
+    assert (m.peak_bytes, m.peak_source) == (258 * mib + 1024, SUM)
 
 
 def test_compiled_memory_reads_donation_as_alias():

@@ -76,6 +76,8 @@ def parse_argnums(text: str) -> int | tuple[int, ...]:
 
 
 def register(subparsers) -> None:
+    from ._target import add_compile_target
+
     parser = subparsers.add_parser(
         "compare",
         help="measure a program under several checkpointing strategies",
@@ -111,11 +113,14 @@ def register(subparsers) -> None:
         action="store_true",
         help="apply the strategies to the program as written; by default repeated layers of a program without scans are rolled into scans first",
     )
+    add_compile_target(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._target import load_target, repeats_for
+    from ._target import compile_target_of, load_target, repeats_for
+
+    target = compile_target_of(args, "remat compare")
 
     strategies = {label: parse_strategy(label) for label in split_strategies(args.strategies)}
     if not strategies:
@@ -135,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         strategies=strategies,
         baseline=args.baseline if args.baseline in strategies else baseline,
         argnums=argnums,
-        repeats=repeats_for(args.repeats, fn_args),
+        repeats=repeats_for(args.repeats, fn_args, target),
+        target=target,
         title=args.target,
         has_aux=args.has_aux,
         roll=not args.no_roll,

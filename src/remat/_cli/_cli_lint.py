@@ -19,6 +19,8 @@ _HELP = "check a program for checkpointing mistakes (exit 0: none, 1: findings, 
 
 
 def register(subparsers) -> None:
+    from ._target import add_compile_target
+
     parser = subparsers.add_parser("lint", help=_HELP, description=_HELP)
     parser.add_argument(
         "target",
@@ -44,6 +46,7 @@ def register(subparsers) -> None:
         action="store_true",
         help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
     )
+    add_compile_target(parser)
     parser.set_defaults(func=run)
 
 
@@ -76,11 +79,14 @@ def run(args: argparse.Namespace) -> int:
         from .._core._io import check_writable
 
         check_writable(args.json, "--json")
+    from ._target import compile_target_of
+
+    target = compile_target_of(args, "remat lint")
     fn, fn_args = _load(args.target)
     try:
         findings = lint(
             fn, *fn_args, strategy=args.strategy, measure=not args.no_measure,
-            roll=not args.no_roll,
+            roll=not args.no_roll, target=target,
         )  # fmt: skip
     except (TypeError, ValueError) as err:
         raise CliError(str(err).splitlines()[0]) from err

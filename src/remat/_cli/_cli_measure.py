@@ -11,6 +11,8 @@ MIB = 2.0**20
 
 
 def register(subparsers) -> None:
+    from ._target import add_compile_target
+
     parser = subparsers.add_parser(
         "measure",
         help="measure the compiled gradient step of a program",
@@ -40,13 +42,16 @@ def register(subparsers) -> None:
         action="store_true",
         help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
     )
+    add_compile_target(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from .._core._io import atomic_write_text, check_writable
     from ._cli_compare import parse_argnums, parse_strategy
-    from ._target import load_target, repeats_for
+    from ._target import compile_target_of, load_target, repeats_for
+
+    target = compile_target_of(args, "remat measure")
 
     if args.strategy is not None:
         strategy = parse_strategy(args.strategy, "remat measure --strategy")
@@ -63,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         *fn_args,
         argnums=argnums,
         strategy=strategy,
-        repeats=repeats_for(args.repeats, fn_args),
+        repeats=repeats_for(args.repeats, fn_args, target),
+        target=target,
         has_aux=args.has_aux,
         roll=not args.no_roll,
     )

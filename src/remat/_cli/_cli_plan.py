@@ -7,6 +7,8 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
+    from ._target import add_compile_target
+
     parser = subparsers.add_parser(
         "plan",
         help="plan the cheapest checkpointing of a program within a memory budget",
@@ -37,6 +39,7 @@ def register(subparsers) -> None:
         action="store_true",
         help="plan only the program's own scans; by default a program without scans has its repeated layers rolled into scans (unless it fits as written)",
     )
+    add_compile_target(parser)
     parser.set_defaults(func=run)
 
 
@@ -56,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from .._core._io import check_folder
     from ._cli_compare import parse_argnums
     from ._errors import EXIT_INFEASIBLE, EXIT_USAGE, CliError
-    from ._target import load_target
+    from ._target import compile_target_of, load_target
+
+    target = compile_target_of(args, "remat plan")
 
     argnums = parse_argnums(args.argnums)
     budget = budget_arg(args.budget)
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             argnums=argnums,
             has_aux=args.has_aux,
             roll=not args.no_roll,
+            target=target,
         )
     except InfeasibleBudget as err:
         raise CliError(str(err).replace("`", ""), EXIT_INFEASIBLE) from err

@@ -111,7 +111,33 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return result
 
 
-def repeats_for(repeats: int | None, args: tuple[Any, ...]) -> int:
+def add_compile_target(parser: Any) -> None:
+    """``--target NAME``: compile for a TPU slice (`remat.Target`) instead of this machine."""
+    parser.add_argument(
+        "--target",
+        dest="compile_target",
+        metavar="SLICE",
+        default=None,
+        help="compile for this TPU slice from this machine, e.g. tpu:v5e:2x2 or tpu:v5p-8 "
+        "(needs libtpu: pip install 'remat[tpu]'; FSDP over its chips)",
+    )
+
+
+def compile_target_of(args: Any, command: str) -> Any:
+    """The parsed ``--target`` (None without one); a bad name exits 2 before any import."""
+    if args.compile_target is None:
+        return None
+    from .._shard._target import parse_target, require_libtpu
+
+    try:
+        target = parse_target(args.compile_target, f"{command} --target")
+        require_libtpu(target, f"{command} --target")
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise CliError(str(err).replace("`", "").replace("target=", ""), EXIT_USAGE) from err
+    return target
+
+
+def repeats_for(repeats: int | None, args: tuple[Any, ...], target: Any = None) -> int:
     """``--repeats`` as given, else its default: 5 timed runs, or 0 when an argument is a
     `jax.ShapeDtypeStruct` (shapes can be compiled and measured, not run). An explicit
     ``--repeats`` above 0 with shapes is refused by `remat.measure`, which names the leaf.
@@ -124,6 +150,8 @@ def repeats_for(repeats: int | None, args: tuple[Any, ...]) -> int:
     """
     if repeats is not None:
         return repeats
+    if target is not None:  # compiled for, never run
+        return 0
     import jax
 
     abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args))

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax._src.ad_checkpoint import saved_residuals  # not re-exported by jax.ad_checkpoint
 from jax.extend import core
 
+from .._shard._target import parse_target
 from .._trace import _jaxpr_walk as walk
 from .._trace._eqx import with_modules_split
 from ._findings import Finding
@@ -64,6 +65,7 @@ def lint(
     strategy: Any = None,
     measure: bool = True,
     roll: bool = True,
+    target: Any = None,
 ) -> list[Finding]:
     """Traces ``fn(*args)`` and reports checkpointing mistakes in it.
 
@@ -84,6 +86,9 @@ def lint(
         never run). Other findings need no compilation.
       roll: with a strategy, roll the repeated layers of a program without scans into scans
         first, as `remat.apply` does; False checks the strategy on the program as written.
+      target: compile for this TPU slice (a `remat.Target` or its name, ``"tpu:v5e:2x2"``):
+        the arguments are placed on it as `remat.Target.place` places them (the first one
+        as the parameters), so RM005 and RM006 read the TPU compiler's program.
 
     Returns:
       The findings (per check, in program order), without duplicates; an empty list when
@@ -105,6 +110,8 @@ def lint(
     """
     fn, args = with_modules_split(fn, args)  # Equinox modules: arrays traced, the rest static
     _check_args(fn, args)
+    if target is not None:
+        args = parse_target(target, "remat.lint").place(args, 0, "remat.lint")
     if not isinstance(measure, bool):
         raise ValueError(_NOT_BOOL_MEASURE.format(got=measure))
     if strategy is not None:

@@ -28,6 +28,7 @@ from .._core._dtypes import dtype_of, is_float
 from .._core._strategy import as_strategy
 from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
+from .._shard._target import as_target, check_repeats
 from .._trace._checkpoints import (
     checkpoint_sites,
     recompute_requested,
@@ -37,7 +38,7 @@ from .._trace._checkpoints import (
 from .._trace._eqx import with_modules_split
 from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
-from ._peak import compiled_memory, peak_bytes
+from ._peak import compiled_memory, compiled_platform, peak_bytes
 from ._residuals import saved_residuals
 from ._step import Step, argnums_of, as_step, grad_step, loss_of, lower_step, time_step
 
@@ -117,7 +118,10 @@ _MEMO_SIZE = 16
 
 def _memo_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | None:
     leaves, treedef = jax.tree_util.tree_flatten(args)
-    avals = tuple((tuple(np.shape(x)), str(_dtype(x))) for x in leaves)
+    # Shardings too: the same shapes compile differently on a mesh, or for a `remat.Target`.
+    avals = tuple(
+        (tuple(np.shape(x)), str(_dtype(x)), str(getattr(x, "sharding", None))) for x in leaves
+    )
     key = (fn, argnums, jax.default_backend(), treedef, avals)
     try:
         hash(key)
@@ -210,7 +214,7 @@ def build_measurement(
         compile_seconds=compile_seconds,
         seconds=seconds,
         strategy=strategy,
-        backend=jax.default_backend(),
+        backend=compiled_platform(compiled),
         num_devices=num_devices(compiled),
         plain_flops=plain_flops,
         plain_peak_bytes=plain_peak_bytes,
@@ -303,11 +307,12 @@ def measure(
     *args: Any,
     argnums: int | Sequence[int] = 0,
     strategy: Any = None,
-    repeats: int = 5,
+    repeats: int | None = None,
     has_aux: bool = False,
     optimizer: Any = None,
     roll: bool = True,
     override: bool = False,
+    target: Any = None,
 ) -> Measurement:
     """Compiles ``jax.value_and_grad(fn, argnums)`` with `jax.jit` and measures it.
 
@@ -335,6 +340,7 @@ def measure(
       strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
         strategy `remat.apply` takes). None measures ``fn`` as written.
       repeats: timed runs after one warm-up run; 0 skips timing (``seconds=None``).
+        Default 5, and 0 with a ``target`` (which is compiled for, never run).
       has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; the aux is an
         output of the measured step.
       optimizer: an optax ``GradientTransformation``: measure the whole training step
@@ -377,11 +383,15 @@ def measure(
     """
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(got=fn))
+    compile_target = as_target(target, "remat.measure")
+    repeats = check_repeats(compile_target, repeats, "remat.measure")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
         raise ValueError(_BAD_REPEATS.format(got=repeats))
     fn, args = with_modules_split(fn, args)  # Equinox modules: arrays traced, the rest static
     argnums_t = _check_args(args, argnums, repeats)
     argnums = argnums if isinstance(argnums, int) else argnums_t
+    if compile_target is not None:
+        args = compile_target.place(args, argnums_t, "remat.measure")
     spec = as_step(Step(argnums, bool(has_aux), optimizer))
 
     if strategy is None:
@@ -428,7 +438,7 @@ def measure(
         traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
         plain_flops = remembered[0]
         eliminated = traced > traced_plain and flops <= plain_flops
-    backend = jax.default_backend()
+    backend = compiled_platform(compiled)
     name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
     if eliminated:
         cause = _CAUSE_CPU if backend == "cpu" else _CAUSE_OTHER

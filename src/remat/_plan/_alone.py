@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .._shard._target import compile_device
 from ._body import scan_memories
 from ._calibrate import Prepared
 from ._memo import Knowledge
@@ -63,7 +64,7 @@ def check_alone(
         if key not in know.alone:
             length = fit.at if cand.schedule == "per_step" else fit.length
             missing.append((key, o, fit, length, (info, scan_choice, length)))
-    temps = scan_memories([m[-1] for m in missing])
+    temps = scan_memories([m[-1] for m in missing], compile_device(prep.args))
     for (key, o, fit, length, _), memory in zip(missing, temps, strict=True):
         if prep.cands[o].schedule == "per_step":
             sliced = scan_terms(prep, solution, o)[1]

@@ -71,24 +71,29 @@ def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Call
     return run
 
 
-def scan_memory(info: ScanInfo, choice: ScanChoice | None, length: int) -> CompiledMemory:
+def scan_memory(
+    info: ScanInfo, choice: ScanChoice | None, length: int, device: Any = None
+) -> CompiledMemory:
     """The compiled memory of the scan-alone gradient program (one ``"scan"`` compile).
 
     Its ``temp_bytes`` is what the scan adds to a step's peak at ``length`` steps: the
     program's arguments and outputs (inputs and their gradients) are counted by the step.
     """
-    return scan_memories([(info, choice, length)])[0]
+    return scan_memories([(info, choice, length)], device)[0]
 
 
-def scan_memories(requests: Sequence[tuple[ScanInfo, ScanChoice | None, int]]) -> list[Any]:
+def scan_memories(
+    requests: Sequence[tuple[ScanInfo, ScanChoice | None, int]], device: Any = None
+) -> list[Any]:
     """`scan_memory` of each ``(info, choice, length)``: each is compiled while the next is
-    lowered (`compile_each`)."""
-    compiled = compile_each(((lambda r=r: lower_scan(*r)) for r in requests), SCAN)
+    lowered (`compile_each`), for ``device`` (the step's, `_target.compile_device`; None:
+    this machine's default)."""
+    compiled = compile_each(((lambda r=r: lower_scan(*r, device)) for r in requests), SCAN)
     return [compiled_memory(c) for c in compiled]
 
 
-def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int) -> Any:
-    """The lowered scan-alone gradient program (see `scan_memory`)."""
+def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int, device: Any = None) -> Any:
+    """The lowered scan-alone gradient program (see `scan_memory`), for ``device``."""
     invars = info.jaxpr.jaxpr.invars
     nc, nk = info.num_consts, info.num_carry
     specs = [_spec(v.aval) for v in invars]
@@ -116,6 +121,12 @@ def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int) -> Any:
         _, vjp = jax.vjp(lambda d: merged(d, o_in), d_in)
         return vjp([_zero_if_none(c, o) for c, o in zip(ct, outs, strict=True)])
 
+    if device is not None:  # every input on the step's device: the same compiler as the step
+        on = jax.sharding.SingleDeviceSharding(device)
+        d_specs, o_specs, ct_specs = (
+            [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on) for s in specs_]
+            for specs_ in (d_specs, o_specs, ct_specs)
+        )
     return jax.jit(program).lower(d_specs, o_specs, ct_specs)
 
 

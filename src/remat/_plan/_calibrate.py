@@ -25,6 +25,7 @@ from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
 from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
+from .._shard._target import compile_device
 from .._trace._checkpoints import checkpoint_sites
 from .._trace._tag import planned_scans, rewrite
 from ._compile import compile_measure, light_peak
@@ -166,7 +167,7 @@ def prepare(
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
             pending = baseline or pool.submit(compile_measure, fn, args, argnums, "none", None)
             fit, calibration, scan_fits, alone = scan_fit(
-                infos, cands, offsets, models, per_step, pending
+                infos, cands, offsets, models, per_step, pending, compile_device(args)
             )
             baseline = pending if baseline else pending.result()
     base, stored, slice_weight, weight = fit
@@ -224,7 +225,7 @@ class ScanFit:
         return temp + (self.length - length) * sliced
 
 
-def scan_fit(infos, cands, offsets, models, per_step, baseline):
+def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None):
     """The memory model fitted on scan-alone programs (`remat._plan._body`), per scan: every
     needed value saved, nothing saved, every unfused value saved, each compiled at
     `ALONE_LENGTH` steps, give the scan's fixed memory and the weights of one step's saved
@@ -256,7 +257,7 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline):
             points_.append(unfused)
         plan_points.append((o, info, n, short, points_))
     flat = [(p[1], c.choices[p[1].position], p[3]) for p in plan_points for c in p[4]]
-    temps = iter(m.temp_bytes for m in scan_memories(flat))
+    temps = iter(m.temp_bytes for m in scan_memories(flat, device))
     if hasattr(baseline, "result"):
         baseline = baseline.result()
     outside = baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes

@@ -57,9 +57,18 @@ class Knowledge:
 _MEMORY: collections.OrderedDict[Any, Knowledge] = collections.OrderedDict()
 
 
-def key_of(print_: str, argnums: Any, schedules: bool, host_bandwidth: float | None) -> Any:
-    """The memo key: the program, what is differentiated, what is offered, and the backend."""
-    return (print_, argnums, schedules, host_bandwidth, jax.default_backend(), jax.device_count())
+def key_of(
+    print_: str,
+    argnums: Any,
+    schedules: bool,
+    host_bandwidth: float | None,
+    where: tuple[str, int] | None = None,
+) -> Any:
+    """The memo key: the program, what is differentiated, what is offered, and where it
+    compiles (``where``: platform and devices, `remat._shard._target.placement`; default this
+    machine's)."""
+    where = where or (jax.default_backend(), jax.device_count())
+    return (print_, argnums, schedules, host_bandwidth, *where)
 
 
 def recall(key: Any, fn: Any, args: Any) -> Knowledge | None:

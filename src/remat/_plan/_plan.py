@@ -39,7 +39,8 @@ from typing import Any
 from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
-from .._measure._step import Step, as_step
+from .._measure._step import Step, argnums_of, as_step
+from .._shard._target import as_target, compile_device, placement
 from .._trace._eqx import has_modules, taking_modules, with_modules_split
 from .._trace._traced import traced_once
 from ._args import (
@@ -74,6 +75,7 @@ def plan(
     optimizer: Any = None,
     roll: bool = True,
     verbose: bool = True,
+    target: Any = None,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -100,7 +102,8 @@ def plan(
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes; a budget above it is refused. ``None``
         reads it from the backend (``memory_stats()['bytes_limit']``) where it says (GPU,
-        TPU); the CPU backend does not, and then no upper limit is checked.
+        TPU); the CPU backend does not, and then no upper limit is checked. With a
+        ``target``: its chip's memory (`remat.Target.hbm_bytes`).
       offload: also consider keeping saved values in host memory (see `remat._core._offload`),
         at a cost of ``2 * bytes / host_bandwidth`` seconds each, weighed against
         recomputation at the device's measured matmul rate. Only where the device has a
@@ -121,6 +124,10 @@ def plan(
       verbose: show what the plan is doing on stderr (tracing, calibrating, solving,
         verifying round k, with the elapsed time) once it has taken more than 2 s; only
         where stderr is a terminal.
+      target: plan for this TPU slice instead of this machine's devices: a `remat.Target`
+        or its name (``"tpu:v5e:2x2"``); the arguments are placed on it
+        (`remat.Target.place`) and every calibration and verification compile is the TPU
+        compiler's. The plan applies to the step run on that slice.
 
     What is learned about a program (the baseline, the calibration, every plan compiled) is
     kept in memory by its fingerprint: planning it again at another budget compiles the
@@ -157,6 +164,7 @@ def plan(
     """
     if not callable(fn):
         raise TypeError(f"`remat.plan` got fn={fn!r}, which is not callable; pass the loss.")
+    compile_target = as_target(target, "remat.plan")
     # Every argument is checked before anything is traced or compiled.
     check_max_rounds(max_rounds)
     budget = read_budget(budget, sensible=True)
@@ -165,10 +173,14 @@ def plan(
     check_bool(verbose, "verbose")
     device_memory = check_device_memory(device_memory)
     host_bandwidth = check_host_bandwidth(host_bandwidth)
-    offload = _offload_wanted(offload, host_bandwidth)
     if device_memory is None:
-        device_memory = device_memory_bytes()
+        device_memory = (
+            device_memory_bytes() if compile_target is None else compile_target.hbm_bytes
+        )
     spec = _step_spec(argnums, has_aux, optimizer)
+    if compile_target is not None:
+        args = compile_target.place(args, argnums_of(spec), "remat.plan")
+    offload = _offload_wanted(offload, host_bandwidth, compile_device(args))
     bandwidth = host_bandwidth if offload else None
     user = fn if has_modules(args) else None  # Equinox modules, split (see `_trace._eqx`)
     fn, args = with_modules_split(fn, args)
@@ -203,7 +215,7 @@ def knowledge(
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     key = None
     with contextlib.suppress(Exception):  # not traceable as given: `prepare` says why
-        key = key_of(fingerprint(fn, *args), argnums, schedules, host_bandwidth)
+        key = key_of(fingerprint(fn, *args), argnums, schedules, host_bandwidth, placement(args))
         hash(key)
     know = recall(key, fn, args) if key is not None else None
     if know is None:
@@ -249,12 +261,13 @@ def _finished(result: Plan, spec: Any, user: Callable[..., Any] | None = None) -
     )
 
 
-def _offload_wanted(offload: bool, host_bandwidth: float) -> bool:
-    """Whether to offer offloading: asked for, and the device has host memory to use."""
+def _offload_wanted(offload: bool, host_bandwidth: float, device: Any = None) -> bool:
+    """Whether to offer offloading: asked for, and the device the step compiles for (the
+    arguments', e.g. a `remat.Target`'s; default this machine's) has host memory to use."""
     transfer_seconds(0, host_bandwidth)  # validates the bandwidth
     if not offload:
         return False
-    reason = offload_unavailable_reason()
+    reason = offload_unavailable_reason(device)
     if reason is not None:
         warnings.warn(_NO_OFFLOAD.format(reason=reason), RematWarning, stacklevel=3)
         return False
@@ -272,19 +285,24 @@ def plan_budgets(
     optimizer: Any = None,
     roll: bool = True,
     verbose: bool = True,
+    target: Any = None,
 ) -> list[Plan | InfeasibleBudget]:
     """`plan` at several budgets, sharing the tracing, the calibration and every compiled
     plan (a plan compiled for one budget competes at the others).
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
+    ``target`` compiles for a TPU slice, as in `plan`.
     """
     if not callable(fn):
         raise TypeError(f"`plan_budgets` got fn={fn!r}, which is not callable; pass the loss.")
+    compile_target = as_target(target, "plan_budgets")
     read = read_budgets(budgets)  # every budget is checked before anything is compiled
     check_bool(schedules, "schedules", "plan_budgets")
     check_max_rounds(max_rounds, "plan_budgets")
     check_bool(verbose, "verbose", "plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
+    if compile_target is not None:
+        args = compile_target.place(args, argnums_of(spec), "plan_budgets")
     user = fn if has_modules(args) else None
     fn, args = with_modules_split(fn, args)
     check_inputs(fn, args, spec)

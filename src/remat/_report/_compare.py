@@ -8,6 +8,7 @@ from typing import Any
 
 from .._core._errors import renamed
 from .._core._strategy import STRATEGY_NAMES, Strategy, as_strategy
+from .._shard._target import as_target, check_repeats
 from ._report import Report, current_machine
 
 _BAD_STRATEGIES = (
@@ -66,13 +67,14 @@ def compare(
     strategies: Sequence[object] | Mapping[str, object],
     baseline: object = "none",
     argnums: int | Sequence[int] = 0,
-    repeats: int = 5,
+    repeats: int | None = None,
     title: str = "",
     progress: bool = True,
     has_aux: bool = False,
     optimizer: object = None,
     roll: bool = True,
     override: bool = False,
+    target: Any = None,
 ) -> Report:
     """Measures ``jax.value_and_grad(fn, argnums)`` under each strategy and the baseline.
 
@@ -89,7 +91,8 @@ def compare(
       baseline: the strategy, or the label of one of ``strategies``, that the others are
         compared with; it is always measured (first, when not among ``strategies``).
       argnums: which arguments to differentiate, as in `jax.grad`.
-      repeats: timed runs per strategy (after a warm-up); 0 skips timing.
+      repeats: timed runs per strategy (after a warm-up); 0 skips timing. Default 5, and 0
+        with a ``target``.
       title: what is being measured, shown above the table and the plot.
       progress: show the progress bar (when stderr is a terminal).
       has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`.
@@ -101,6 +104,8 @@ def compare(
         them by each strategy. Where the program checkpoints already, a strategy whose peak
         is above the program's as written gets a `RematWarning` with both figures (the
         ``"none"`` row is the program as written).
+      target: compile every strategy for this TPU slice (a `remat.Target` or its name,
+        ``"tpu:v5e:2x2"``), as `remat.measure` does with it.
 
     Returns:
       A `remat.Report` with one row per strategy, the baseline's row first.
@@ -122,6 +127,9 @@ def compare(
     from .._measure._measure import _check_args, _check_scalar, measure
     from .._trace._eqx import with_modules_split
 
+    compile_target = as_target(target, "remat.compare")
+    repeats = check_repeats(compile_target, repeats, "remat.compare")
+
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
         raise ValueError(_BAD_REPEATS.format(got=repeats))
     if not isinstance(title, str):
@@ -130,7 +138,9 @@ def compare(
         raise ValueError(_BAD_PROGRESS.format(got=progress))
     fn, args = with_modules_split(fn, args)  # Equinox modules: arrays traced, the rest static
     try:  # `remat.measure`'s input checks, named for `remat.compare`, before any compiling
-        _check_args(args, argnums, repeats)
+        argnums_t = _check_args(args, argnums, repeats)
+        if compile_target is not None:  # placed once: every row compiles the same shapes
+            args = compile_target.place(args, argnums_t, "remat.compare")
         _check_scalar(fn, args, has_aux)
     except (TypeError, ValueError) as err:
         raise renamed(err, "`remat.measure`", "`remat.compare`")  # noqa: B904 (`renamed` chains)

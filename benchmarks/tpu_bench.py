@@ -1,0 +1,184 @@
+"""Llama-shaped steps compiled for TPU slices from this CPU host: MaxText's presets and plans.
+
+Every figure comes from XLA's TPU compiler (libtpu, deviceless: `remat.Target`), for the
+slices these sizes train on, data parallel (parameters replicated, one sequence per chip):
+
+- Llama-3.2-1B on a v5e-4 (2x2) and Llama-3-8B on a v5p-8 (2x2x1), built
+  with `remat._models._maxtext` (MaxText's layers and ``checkpoint_name`` s; multi-head
+  attention where Llama has 8 key-value heads, and no flash attention, so the attention
+  scores are materialised), bfloat16 activations on float32 parameters;
+- the un-checkpointed step and MaxText's presets compiled for the same slice: compile time,
+  per-chip peak (`remat.measure`'s TPU rule: HBM, ``temp + argument + output - alias``), the
+  compiler's own ``peak_memory_in_bytes`` beside it, and matmul FLOPs per chip; a step the
+  compiler refuses ("Ran out of memory on HBM") is shown with the HBM it asked for;
+- ``remat.plan`` at the chip's HBM (16 GiB v5e, 95 GiB v5p) where the un-checkpointed step
+  compiles (the planner's first compile is that step): plan time, compiles, its peak.
+
+Usage (needs libtpu: ``pip install 'remat[tpu]'``):
+  PYTHONPATH=src python benchmarks/tpu_bench.py [--quick] [--no-plan] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+import remat
+from bench_common import BENCH_MD, machine_line, markdown_table, print_table, replace_section
+from remat._measure._hlo import hlo_flops
+from remat._measure._peak import compiled_memory
+from remat._measure._step import lower_step
+from remat._models._maxtext import PRESETS, decoder_shapes
+
+MARKERS = ("<!-- tpu:start -->", "<!-- tpu:end -->")
+GIB = 2.0**30
+LLAMA_1B = dict(layers=16, d_model=2048, heads=32, mlp_dim=8192, vocab=128256)
+LLAMA_8B = dict(layers=32, d_model=4096, heads=32, mlp_dim=14336, vocab=128256)
+# (model, sizes, slice, global batch, sequence)
+RUNS = [
+    ("Llama-3.2-1B", LLAMA_1B, "tpu:v5e-4", 4, 2048),
+    ("Llama-3-8B", LLAMA_8B, "tpu:v5p-8", 4, 4096),
+]
+QUICK_RUNS = [("Llama-3.2-1B (4 layers)", {**LLAMA_1B, "layers": 4}, "tpu:v5e-4", 4, 1024)]
+STRATEGIES = ("none", "minimal", "save_qkv_proj", "full")
+_OOM = re.compile(r"required for HLO temporaries \(([0-9.]+)G\)|Used ([0-9.]+)G of")
+
+
+def data_parallel(args, target: remat.Target):
+    """Data parallelism: the parameters replicated on every chip, the batch split over them.
+    (`remat.Target.place`'s FSDP placement shards each weight along its largest dimension,
+    the vocabulary or MLP one, and XLA then keeps the activations whole on each chip: 452
+    GiB per chip for the 8B step. Sharding the activations as MaxText does needs sharding
+    constraints inside the layers, which this decoder does not have.)"""
+    mesh = target.mesh()
+    P = jax.sharding.PartitionSpec
+
+    def on(leaf, spec):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec))
+
+    params, tokens = args
+    return jax.tree_util.tree_map(lambda p: on(p, P()), params), on(tokens, P("fsdp"))
+
+
+def compile_preset(name: str, sizes: dict, target: remat.Target) -> dict:
+    """One compile of the preset's gradient step for ``target``: memory, FLOPs, seconds."""
+    loss, args = decoder_shapes(PRESETS[name], {**sizes, "dtype": jnp.bfloat16})
+    args = data_parallel(args, target)
+    start = time.perf_counter()
+    try:
+        compiled = lower_step(loss, args, 0).compile()
+    except Exception as err:  # the TPU compiler's out-of-memory refusal
+        found = _OOM.search(str(err))
+        if found is None:
+            raise
+        need = float(found[1] or found[2])
+        return dict(name=name, seconds=time.perf_counter() - start, oom=need)
+    seconds = time.perf_counter() - start
+    memory = compiled_memory(compiled)
+    stats = compiled.memory_analysis()
+    return dict(
+        name=name,
+        seconds=seconds,
+        peak=memory.peak_bytes,
+        source=memory.peak_source,
+        backend_peak=int(stats.peak_memory_in_bytes),
+        host=int(stats.host_temp_size_in_bytes),
+        flops=hlo_flops(compiled.as_text()),
+    )
+
+
+def plan_at_hbm(sizes: dict, target: remat.Target) -> dict:
+    loss, args = decoder_shapes(None, {**sizes, "dtype": jnp.bfloat16})
+    args = data_parallel(args, target)
+    start = time.perf_counter()
+    try:
+        plan = remat.plan(loss, *args, budget=target.hbm_bytes, target=target, verbose=False)
+    except remat.InfeasibleBudget as err:
+        return dict(seconds=time.perf_counter() - start, error=str(err).splitlines()[0])
+    return dict(
+        seconds=time.perf_counter() - start,
+        peak=plan.measured_peak_bytes,
+        flops=plan.measured.flops,
+        compiles=plan.stats.step_compiles + plan.stats.scan_compiles,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one small run")
+    parser.add_argument("--no-plan", action="store_true", help="presets only")
+    parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    opts = parser.parse_args()
+    head = ("model", "slice", "batch x seq", "strategy", "compile s", "peak GiB/chip",
+            "compiler peak_memory_in_bytes GiB", "TFLOP/chip", "fits HBM")  # fmt: skip
+    rows, plan_rows = [], []
+    for model, sizes, name, batch, seq in QUICK_RUNS if opts.quick else RUNS:
+        target = remat.parse_target(name)
+        sized = {**sizes, "batch": batch, "seq": seq}
+        label = f"{name[4:]} ({target.name[4:]})"
+        results = {}
+        for strategy in STRATEGIES:
+            r = compile_preset(strategy, sized, target)
+            results[strategy] = r
+            if "oom" in r:
+                cells = ("refused", f"{r['oom']:.2f} G asked", "", "no")
+            else:
+                fits = "yes" if r["peak"] <= target.hbm_bytes else "no"
+                cells = (f"{r['peak'] / GIB:.2f}", f"{r['backend_peak'] / GIB:.2f}",
+                         f"{r['flops'] / 1e12:.1f}", fits)  # fmt: skip
+            rows.append((model, label, f"{batch} x {seq}", strategy, f"{r['seconds']:.1f}",
+                         *cells))  # fmt: skip
+            print(rows[-1], flush=True)
+        if opts.no_plan:
+            continue
+        if "oom" in results["none"]:
+            plan_rows.append((model, label, f"{target.hbm_bytes / GIB:.0f}",
+                              "not planned: the un-checkpointed step does not compile", "",
+                              "", ""))  # fmt: skip
+            continue
+        p = plan_at_hbm(sized, target)
+        if "error" in p:
+            plan_rows.append((model, label, f"{target.hbm_bytes / GIB:.0f}", p["error"], "",
+                              f"{p['seconds']:.1f}", ""))  # fmt: skip
+        else:
+            plan_rows.append((model, label, f"{target.hbm_bytes / GIB:.0f}",
+                              f"{p['peak'] / GIB:.2f}", f"{p['flops'] / 1e12:.1f}",
+                              f"{p['seconds']:.1f}", str(p["compiles"])))  # fmt: skip
+        print(plan_rows[-1], flush=True)
+    print_table("TPU compiler, per chip", head, rows)
+    plan_head = ("model", "slice", "budget GiB", "plan peak GiB/chip", "TFLOP/chip",
+                 "plan s", "compiles")  # fmt: skip
+    if plan_rows:
+        print_table("remat.plan at the chip's HBM", plan_head, plan_rows)
+    if opts.no_write or opts.quick:
+        return
+    text = "\n".join([
+        MARKERS[0],
+        "## TPU compiler: Llama-shaped steps on v5e and v5p slices, from a CPU host",
+        "",
+        "Compiled for TPU slices on this CPU host (XLA's TPU compiler from libtpu, deviceless; "
+        "`PYTHONPATH=src python benchmarks/tpu_bench.py`). " + machine_line() + ".",
+        "Peaks are per chip, HBM (`temp + argument + output - alias`, remat's TPU rule); the "
+        "compiler's `peak_memory_in_bytes` also counts on-chip VMEM (docs/tpu.md). Data "
+        "parallel (parameters replicated, one sequence per chip); bf16 activations, f32 "
+        "parameters and gradients; multi-head attention without flash attention. A step the "
+        "compiler refuses shows the HBM it asked for; the planner's first compile is the "
+        "un-checkpointed step, so where that is refused no plan is made. Compile seconds were measured while other jobs loaded this machine's 2 "
+        "cores.",
+        "",
+        markdown_table(head, rows),
+        "",
+        markdown_table(plan_head, plan_rows) if plan_rows else "",
+        MARKERS[1],
+    ])  # fmt: skip
+    replace_section(BENCH_MD, MARKERS, text)
+    print(f"wrote {BENCH_MD}")
+
+
+if __name__ == "__main__":
+    main()

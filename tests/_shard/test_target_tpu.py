@@ -1,0 +1,117 @@
+"""XLA's TPU compiler, run deviceless from this host: what its memory analysis means, and
+remat's measure and plan compiled for a TPU slice (`remat.Target`).
+
+Skipped where libtpu is not installed (``pip install 'remat[tpu]'``; ``./dev test`` keeps it in
+a second environment, see docs/tpu.md). The figures are libtpu 0.0.42's (jax[tpu] 0.10.2).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("libtpu", reason="libtpu is not installed: pip install 'remat[tpu]'")
+
+import remat
+from remat._measure._peak import SUM, compiled_memory
+
+MIB = 2**20
+V5E_USABLE = 16128 * MIB  # what a v5e program may use of its 16 GiB (its OOM error: 15.75G)
+
+
+def _mlp_loss(checkpoint: bool):
+    def body(h, w):
+        w1, w2 = w
+        return h + jnp.tanh(h @ w1) @ w2, None
+
+    def loss(p, x):
+        h, _ = jax.lax.scan(jax.checkpoint(body) if checkpoint else body, x, p)
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    return loss
+
+
+def _mlp_shapes(layers=8, tokens=4096, d=1024, f=4096):
+    w1 = jax.ShapeDtypeStruct((layers, d, f), jnp.bfloat16)
+    w2 = jax.ShapeDtypeStruct((layers, f, d), jnp.bfloat16)
+    return (w1, w2), jax.ShapeDtypeStruct((tokens, d), jnp.bfloat16)
+
+
+def _on(target, params, x):
+    """The parameters replicated and the tokens split over the slice's chips."""
+    mesh = remat.parse_target(target).mesh()
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+    params = tuple(jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=rep) for p in params)
+    return params, jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=split)
+
+
+def test_full_remat_anomaly_is_vmem_not_hbm():
+    """The scanned bf16 MLP on a v5e 2x2: ``jax.checkpoint`` on the body lowers the HBM the
+    step allocates (temp 80.46 MiB -> 0), yet the compiler's ``peak_memory_in_bytes`` rises
+    (396 -> 404 MiB): that figure counts the on-chip VMEM the checkpointed loop fills, not HBM.
+    remat's TPU peak is the HBM: temp + arguments + outputs - aliased."""
+    params, x = _on("tpu:v5e:2x2", *_mlp_shapes())
+    out = {}
+    for name, checkpoint in (("written", False), ("full", True)):
+        step = jax.jit(jax.value_and_grad(_mlp_loss(checkpoint)))
+        compiled = step.lower(params, x).compile()
+        out[name] = (compiled_memory(compiled), compiled.memory_analysis())
+    (written, ws), (full, fs) = out["written"], out["full"]
+    scalars = 1024  # the loss and its padding: TPU buffers are 512-byte aligned
+    assert (written.argument_bytes, written.output_bytes) == (130 * MIB, 128 * MIB + scalars)
+    assert (written.temp_bytes, full.temp_bytes) == (84370432, 0)
+    assert written.peak_source == full.peak_source == SUM
+    assert written.peak_bytes == written.temp_bytes + 258 * MIB + scalars
+    assert full.peak_bytes == 258 * MIB + scalars  # the parameters, tokens and gradients only
+    assert (ws.peak_memory_in_bytes, fs.peak_memory_in_bytes) == (415242240, 423630848)
+    assert fs.peak_memory_in_bytes > ws.peak_memory_in_bytes  # the anomaly, as XLA reports it
+
+
+def test_hbm_capacity_is_checked_on_hbm_not_on_peak_memory():
+    """The compiler refuses a program whose HBM exceeds the chip, and only then: a program of
+    16100 MiB in HBM whose ``peak_memory_in_bytes`` (16196 MiB, with 96 MiB of VMEM) is over
+    the 16128 MiB a v5e program may use compiles; 30 MiB more HBM is refused."""
+    device = remat.parse_target("tpu:v5e:1x1").devices()[0]
+    one = jax.sharding.SingleDeviceSharding(device)
+    a = jax.ShapeDtypeStruct((4096, 4096), jnp.float32, sharding=one)  # 64 MiB
+    step = jax.jit(lambda x, a: (jnp.sin(x), ((a @ a) @ a).sum()), donate_argnums=0)
+
+    def big(mib):
+        return jax.ShapeDtypeStruct(((mib - 64) * MIB // 4,), jnp.float32, sharding=one)
+
+    compiled = step.lower(big(16100), a).compile()
+    memory = compiled_memory(compiled)
+    assert memory.peak_bytes == 16100 * MIB + 1024  # and the scalar output
+    backend_peak = compiled.memory_analysis().peak_memory_in_bytes
+    assert backend_peak // MIB == 16196 and backend_peak > V5E_USABLE
+    with pytest.raises(Exception, match="Ran out of memory on HBM"):
+        step.lower(big(16130), a).compile()
+
+
+def test_measure_compiles_for_the_target():
+    params, x = _mlp_shapes(layers=4, tokens=2048, d=512, f=2048)
+    m = remat.measure(_mlp_loss(False), params, x, target="tpu:v5e:2x2")
+    assert (m.backend, m.num_devices, m.seconds, m.peak_source) == ("tpu", 4, None, SUM)
+    assert m.peak_bytes == m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
+    # FSDP placement: each chip holds a quarter of every weight (their largest dimension)
+    assert m.argument_bytes == 2 * 4 * 512 * 2048 * 2 // 4 + 2048 * 512 * 2 // 4
+
+
+@pytest.mark.slow  # about 10 compiles, 7.5 min on this loaded host: `./dev test-tpu -m slow`
+def test_plan_for_v5e_fits_the_tpu_compilers_peak():
+    """A plan made for one v5e chip, from shapes: its step compiled by the TPU compiler
+    fits the budget, and the scan-alone calibration compiled for the TPU too."""
+    params, x = _mlp_shapes(layers=8, tokens=4096, d=1024, f=4096)
+    loss = _mlp_loss(False)
+    written = remat.measure(loss, params, x, target="tpu:v5e-1")
+    budget = written.peak_bytes // 2
+    plan = remat.plan(loss, params, x, budget=budget, target="tpu:v5e-1", verbose=False)
+    assert plan.measured.backend == "tpu"
+    assert plan.measured_peak_bytes <= budget < written.peak_bytes
+    # the plan applied and compiled again for the chip: the same peak, under the budget
+    placed = remat.parse_target("tpu:v5e-1").place((params, x))
+    again = remat.measure(remat.apply(loss, plan), *placed, repeats=0)
+    assert again.backend == "tpu"
+    assert again.peak_bytes == plan.measured_peak_bytes
+    assert np.isclose(again.flops, plan.measured.flops)
