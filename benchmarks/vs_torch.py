@@ -351,6 +351,49 @@ def remat_at_fraction(loss, args, base: remat.Measurement, fraction: float, repe
     )
 
 
+# Budgets tried per torch point of the equal-bytes table (`remat_at_saved`).
+SAVED_TRIES = 4
+
+
+def remat_at_saved(loss, args, base: remat.Measurement, target: int) -> dict:
+    """The plan that keeps no more saved activations than ``target`` bytes: planned at the
+    peak with everything but ``target`` of the saved activations gone, then, while the plan
+    keeps more, at a budget lowered by the excess (at most `SAVED_TRIES` budgets)."""
+    peak0, saved0 = compiled_peak(base), saved_activations(base)
+    budget = int(peak0 - saved0 + target)
+    plan = None
+    for _ in range(SAVED_TRIES):
+        try:
+            plan = remat.plan(loss, *args, budget=budget, verbose=False)
+        except remat.InfeasibleBudget:
+            break
+        saved = saved_activations(plan.measured)
+        if saved <= target:
+            break
+        budget -= saved - target
+    if plan is None or saved_activations(plan.measured) > target:
+        return dict(target=target, plan=None)
+    return dict(
+        target=target,
+        plan=plan,
+        saved=saved_activations(plan.measured),
+        flops=plan.measured.flops,
+        pattern="; ".join(pattern_text(s) for s in plan.scans),
+    )
+
+
+def pattern_text(scan) -> str:
+    """What a scan's layers save: ``"per layer: 0,2,4,6 save 3 values; 1,3,5,7 save 1"``."""
+    if not scan.pattern:
+        return f"every layer saves {len(scan.names)} values ({scan.schedule})"
+    g = len(scan.pattern)
+    parts = [
+        f"{','.join(map(str, range(k, scan.length, g)))}: {len(names)}"
+        for k, names in enumerate(scan.pattern)
+    ]
+    return "values saved per layer " + "; ".join(parts)
+
+
 ### Running
 
 
@@ -403,8 +446,17 @@ def run_arch(kind: str, sizes: dict, repeats: int) -> dict:
     t_loss = torch_rows[0]["loss"]
     if not np.isclose(jax_loss, t_loss, rtol=1e-4):
         raise SystemExit(f"{kind}: losses differ: jax {jax_loss}, torch {t_loss}")
+    equal = []
+    for t in torch_rows[1:]:
+        r = remat_at_saved(loss, args, base, t["saved"])
+        equal.append(r)
+        if r["plan"] is not None:
+            print(f"  remat at torch {t['budget']:.0%}'s {t['saved'] / MIB:.2f} MiB: saved "
+                  f"{r['saved'] / MIB:.2f} MiB, x{r['flops'] / base.flops:.4f} FLOPs, "
+                  f"{r['pattern']}", flush=True)  # fmt: skip
     return dict(kind=kind, title=title, base=base, saved0=saved0, remat=remat_rows,
-                torch=torch_rows, torch_eager=t_eager, loss=jax_loss, torch_loss=t_loss)  # fmt: skip
+                torch=torch_rows, torch_eager=t_eager, loss=jax_loss, torch_loss=t_loss,
+                equal=equal)  # fmt: skip
 
 
 ### Reporting
@@ -461,6 +513,33 @@ def rows_of(result: dict) -> list[list[str]]:
                 "yes" if better else "no",
             ]
         )
+    return rows
+
+
+EQUAL_HEAD = (
+    "torch point",
+    "torch saved MiB",
+    "torch FLOPs over none",
+    "remat saved MiB (no more)",
+    "remat FLOPs over none",
+    "what remat's layers save",
+    "remat ≤ torch FLOPs",
+)
+
+
+def equal_rows(result: dict) -> list[list[str]]:
+    """Per torch point: the remat plan planned to keep no more saved bytes (`remat_at_saved`)."""
+    base, t0 = result["base"], result["torch"][0]
+    rows = []
+    for t, r in zip(result["torch"][1:], result["equal"], strict=True):
+        theirs = t["flops"] / t0["flops"] - 1
+        head = [f"{t['budget']:.0%}", f"{t['saved'] / MIB:.2f}", f"{theirs:+.2%}"]
+        if r["plan"] is None:
+            rows.append([*head, "(no plan keeps as little)", "", "", "no"])
+            continue
+        ours = r["flops"] / base.flops - 1
+        rows.append([*head, f"{r['saved'] / MIB:.2f}", f"{ours:+.2%}", r["pattern"],
+                     "yes" if ours <= theirs + 1e-9 else "no"])  # fmt: skip
     return rows
 
 
@@ -601,6 +680,10 @@ def section(results: list[dict], wall: float, quick: bool) -> str:
     for result in results:
         parts += ["", f"### {result['title']}", "", markdown_table(HEAD, rows_of(result)), ""]
         parts += [f"- {line}" for line in verdicts(result)]
+        parts += ["", "At equal saved bytes: for each torch point, remat planned to keep no "
+                  "more saved activations than torch (`remat_at_saved`: the budget lowered by "
+                  "the excess until the plan keeps no more):", ""]  # fmt: skip
+        parts += [markdown_table(EQUAL_HEAD, equal_rows(result))]
         parts += ["", "What each plan cost (`remat.plan` with its defaults):", ""]
         parts += [markdown_table(PLAN_HEAD, plan_rows(result))]
     parts += ["", *WHY, MARKERS[1]]
@@ -645,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_arch(kind, sizes, repeats) for kind in args.arch.split(",")]
     for result in results:
         print_table(result["title"], HEAD, rows_of(result))
+        print_table("at equal saved bytes", EQUAL_HEAD, equal_rows(result))
         print_table("what each plan cost", PLAN_HEAD, plan_rows(result))
         for line in verdicts(result):
             print(f"- {line}")
