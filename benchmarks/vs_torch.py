@@ -352,26 +352,31 @@ def remat_at_fraction(loss, args, base: remat.Measurement, fraction: float, repe
 
 
 # Budgets tried per torch point of the equal-bytes table (`remat_at_saved`).
-SAVED_TRIES = 4
+SAVED_TRIES = 5
 
 
 def remat_at_saved(loss, args, base: remat.Measurement, target: int) -> dict:
-    """The plan that keeps no more saved activations than ``target`` bytes: planned at the
-    peak with everything but ``target`` of the saved activations gone, then, while the plan
-    keeps more, at a budget lowered by the excess (at most `SAVED_TRIES` budgets)."""
+    """The plan with the fewest FLOPs found that keeps no more saved activations than
+    ``target`` bytes: a bisection on the budget (a compiled peak) between ``P0 - S0``
+    (nothing saved) and ``P0``, starting at ``P0 - S0 + target``; `SAVED_TRIES` budgets."""
     peak0, saved0 = compiled_peak(base), saved_activations(base)
+    lo, hi = peak0 - saved0, peak0
     budget = int(peak0 - saved0 + target)
     plan = None
     for _ in range(SAVED_TRIES):
         try:
-            plan = remat.plan(loss, *args, budget=budget, verbose=False)
+            tried = remat.plan(loss, *args, budget=budget, verbose=False)
         except remat.InfeasibleBudget:
-            break
-        saved = saved_activations(plan.measured)
-        if saved <= target:
-            break
-        budget -= saved - target
-    if plan is None or saved_activations(plan.measured) > target:
+            lo = budget
+        else:
+            if saved_activations(tried.measured) <= target:
+                lo = budget
+                if plan is None or tried.measured.flops < plan.measured.flops:
+                    plan = tried
+            else:
+                hi = budget
+        budget = int((lo + hi) / 2)
+    if plan is None:
         return dict(target=target, plan=None)
     return dict(
         target=target,
@@ -680,9 +685,10 @@ def section(results: list[dict], wall: float, quick: bool) -> str:
     for result in results:
         parts += ["", f"### {result['title']}", "", markdown_table(HEAD, rows_of(result)), ""]
         parts += [f"- {line}" for line in verdicts(result)]
-        parts += ["", "At equal saved bytes: for each torch point, remat planned to keep no "
-                  "more saved activations than torch (`remat_at_saved`: the budget lowered by "
-                  "the excess until the plan keeps no more):", ""]  # fmt: skip
+        parts += ["", "At equal saved bytes: for each torch point, the remat plan with the "
+                  "fewest FLOPs found that keeps no more saved activations than torch "
+                  f"(`remat_at_saved`: {SAVED_TRIES} budgets bisected on the compiled peak):",
+                  ""]  # fmt: skip
         parts += [markdown_table(EQUAL_HEAD, equal_rows(result))]
         parts += ["", "What each plan cost (`remat.plan` with its defaults):", ""]
         parts += [markdown_table(PLAN_HEAD, plan_rows(result))]

@@ -12,7 +12,9 @@ import remat
 from conftest import assert_tree_allclose, mlp_stack
 from remat._plan._costmodel import model_scans
 from remat._plan._json import read_plan
+from remat._plan._milp import Node, Option, solve
 from remat._plan._perlayer import period_candidates
+from remat._plan._plan import plan_budgets
 from remat._trace._tag import planned_scans
 
 DATA = __import__("pathlib").Path(__file__).parent.parent / "data"
@@ -45,7 +47,7 @@ def test_a_budget_between_uniform_levels_gets_a_per_layer_plan(stack, planned):
 
 def test_plan_budgets_plans_per_layer_too(stack, planned):
     loss, args = stack
-    (again,) = remat.plan_budgets(loss, *args, budgets=["70%"], verbose=False)
+    (again,) = plan_budgets(loss, *args, budgets=["70%"], verbose=False)
     assert again.scans == planned.scans
     assert again.stats.step_compiles <= 1  # the program is known
 
@@ -105,7 +107,8 @@ def test_an_old_plan_file_without_a_pattern_loads():
 def test_candidates_per_period_divide_the_length():
     loss, args = mlp_stack(layers=6, d=8, batch=8)
     (model,) = model_scans(planned_scans(loss, *args))
-    cands = period_candidates([model])
+    assert [c.schedule.g for c in period_candidates([model])] == [2]  # the planner's default
+    cands = period_candidates([model], most=4)
     assert [c.schedule.g for c in cands] == [2, 3]
     for cand in cands:
         g = cand.schedule.g
@@ -113,3 +116,16 @@ def test_candidates_per_period_divide_the_length():
         assert {n.multiplicity for n in cand.nodes} == {6 // g}
         assert {n.group for n in cand.nodes} == set(range(g))  # a transient per position
     assert period_candidates([model], enabled=False) == []
+
+
+def test_the_positions_of_a_per_layer_option_are_ordered_by_saved_bytes():
+    """Two positions of one option, a needed value each (4 steps, 10 FLOPs, 4 bytes); room to
+    save one of them: the first position saves it (the other order is the same plan)."""
+
+    def position(group):
+        return Node(bytes=4, flops=10, multiplicity=4, repeats=4, needed=True, group=group,
+                    option=0)  # fmt: skip
+
+    s = solve([position(0), position(1)], budget_bytes=16 + 4, options=[Option(group=0)])
+    assert s.saved == frozenset({0}) and s.recomputed == frozenset({1})
+    assert s.recompute_flops == 40.0

@@ -14,8 +14,9 @@ parameter stack: 7.8 MiB on the demo GPT), and choosing the save set inside one 
 `jax.lax.switch` on the layer index keeps the residuals of every branch at every step (JAX's
 ``cond`` saves the union of its branches' residuals).
 
-The body is compiled once per position, so compile time grows with ``g``: the planner offers
-periods up to `MAX_PERIOD` (see `remat._plan._perlayer`).
+The body holds ``g`` copies of the layer, so compile time grows with ``g``: periods stop at
+`MAX_PERIOD`, and the planner offers fewer (`remat._plan._perlayer.PLANNED_PERIOD`: each
+period also grows its integer program).
 """
 
 from __future__ import annotations
