@@ -276,8 +276,9 @@ def test_calibrate3_clamps_a_negative_slice_weight():
 
 
 def test_schedules_are_charged_what_they_keep_alone():
-    """A `Nested` or `Binomial` candidate is checked on its scan compiled alone: from then on
-    its option is charged the difference, so the model reproduces the checked peak."""
+    """A `Nested`, `Binomial` or per-layer (``Period``) candidate is checked on its scan
+    compiled alone: from then on its option is charged the difference, so the model
+    reproduces the checked peak."""
     from remat._plan import _alone, _calibrate, _options
     from remat._plan._memo import Knowledge
     from remat._plan._milp import Solution
@@ -287,7 +288,7 @@ def test_schedules_are_charged_what_they_keep_alone():
     know = Knowledge(prep)
     scheduled = [o for o, c in enumerate(prep.cands) if c.schedule != "per_step"]
     assert [type(prep.cands[o].schedule).__name__ for o in scheduled] == (
-        ["Nested"] + ["Binomial"] * 4
+        ["Nested"] + ["Binomial"] * 4 + ["Period"]
     )
     (fit,) = prep.scan_fits
     for o in scheduled:

@@ -341,6 +341,34 @@ def plan_from_sharded_shapes():
     }
 
 
+@case
+def per_layer_sharded():
+    """A per-layer choice on a program sharded over data (batch) and fsdp (the weights' last
+    axis): the grouped scan keeps the program's gradients, and with the same save set at
+    every position its per-device peak exceeds the uniform scan's by the same bytes at 8 and
+    16 layers (no copy of the stacked weights)."""
+    from remat._trace._tag import ScanChoice, rewrite
+
+    mesh = make_mesh((4, 2), ("data", "fsdp"))
+    out = {}
+    for layers in (8, 16):
+        ws, x = mlp_args(layers=layers)
+        placed = (
+            jax.device_put(ws, NamedSharding(mesh, P(None, None, "fsdp"))),
+            jax.device_put(x, NamedSharding(mesh, P("data"))),
+        )
+        keep = ("remat_s0_e0",)
+        uniform = rewrite(mlp_loss, {0: ScanChoice(names=keep)})
+        same = rewrite(mlp_loss, {0: ScanChoice(names=keep, pattern=(keep, keep))})
+        mixed = rewrite(mlp_loss, {0: ScanChoice(names=keep, pattern=(keep, ()))})
+        peaks = [remat.measure(f, *placed, repeats=0).peak_bytes for f in (uniform, same)]
+        out[f"extra_{layers}"] = peaks[1] - peaks[0]
+        out[f"grads_equal_{layers}"] = tree_allclose(
+            jax.grad(mixed)(*placed), jax.grad(mlp_loss)(ws, x)
+        )
+    return out
+
+
 def eight_model_bytes(placed, fn=mlp_loss):
     """Per-device bytes the planner's cost model gives the scan body's values."""
     from remat._plan._costmodel import model_scans

@@ -47,6 +47,12 @@ def result(cases, name):
     return out
 
 
+def test_a_per_layer_choice_on_a_sharded_program(cases):
+    out = result(cases, "per_layer_sharded")
+    assert out["grads_equal_8"] and out["grads_equal_16"]
+    assert out["extra_8"] == out["extra_16"]  # no copy of the stacked weights
+
+
 def test_shardings_are_read_from_arguments_and_jitted_functions(cases):
     out = result(cases, "read_shardings")
     assert out["devices"] == 8

@@ -32,7 +32,11 @@ def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float
     stored = sum(nodes[i].bytes * nodes[i].multiplicity for i in saved) + cand.option.bytes
     sliced = sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)
     live = materialised(nodes, frozenset(i for i in block if i in solution.recomputed))
-    transient = max(sum(nodes[i].bytes for i in live if nodes[i].needed), cand.option.transient)
+    groups: dict[int, float] = {}  # one per position of a per-layer option, else one
+    for i in live:
+        if nodes[i].needed:
+            groups[nodes[i].group] = groups.get(nodes[i].group, 0.0) + nodes[i].bytes
+    transient = max(max(groups.values(), default=0.0), cand.option.transient)
     return float(stored), float(sliced), float(transient)
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from .._core._schedule import Binomial
 from .._measure._peak import CompiledMemory, compiled_memory
+from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
 from ._compile import SCAN, compile_each
@@ -46,6 +47,8 @@ def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Call
         return list(outs[:nk]), list(outs[nk:])
 
     def run(consts, init, xs):
+        if choice is not None and choice.pattern:  # per layer: each position its own policy
+            return periodic_loop(tagged, choice.pattern, consts, init, xs, length, info.reverse)
         if choice is None or choice.names is None:
             body = plain
         elif choice.schedule == "per_step":

@@ -39,6 +39,7 @@ from ._options import (
     fixed_choice,
     offload_costs,
 )
+from ._perlayer import period_candidates
 from ._result import fingerprint, scan_fingerprints
 
 _NO_SCAN = (
@@ -147,7 +148,7 @@ def prepare(
     # Sharded arguments, or a jit with in/out shardings: count values per device.
     splits, devices = scan_input_splits(fn, *args)
     models = model_scans(infos, splits if devices > 1 else None, devices)
-    cands = candidates(models, schedules)
+    cands = candidates(models, schedules) + period_candidates(models, schedules)
     nodes, options, offsets = assemble(cands)
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)

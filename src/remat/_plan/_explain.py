@@ -56,6 +56,13 @@ def plan_table(plan: Any) -> Group:
                 f"{format_bytes(v.bytes)} × {v.multiplicity}",
                 v.source or "",
             )
+        pattern = getattr(scan, "pattern", ())
+        if pattern:  # which layers save what
+            from ._perlayer import describe
+
+            label = {v.name: v.user_name or v.name for v in scan.saved}
+            for line in describe(pattern, scan.length, lambda n, label=label: label.get(n, n)):
+                table.add_row(f"per layer: {line}", "", "", "", "")
         for name in getattr(scan, "offloaded", ()):
             table.add_row(name, "(offloaded to host memory)", "", "", "")
         if not scan.saved:
@@ -105,9 +112,23 @@ def plan_table(plan: Any) -> Group:
             + ". The plan replaces these checkpoints in the planned scans."
         )  # fmt: skip
     parts.append(Text("\n".join(lines)))
-    if any(s.schedule == "per_step" and s.saved for s in plan.scans):
+    if any(getattr(s, "pattern", ()) for s in plan.scans):
+        parts.append(Text(per_layer_code(plan)))
+    elif any(s.schedule == "per_step" and s.saved for s in plan.scans):
         parts.append(Text(paste_code(plan)))
     return Group(*parts)
+
+
+def per_layer_code(plan: Any) -> str:
+    """What to paste for a per-layer plan: `remat.apply`, or a policy per position."""
+    g = max(len(getattr(s, "pattern", ())) for s in plan.scans)
+    return "\n".join([
+        "",
+        "Different layers of one scan save different sets: no one jax.checkpoint policy says",
+        "that (plan.policy raises). In your own step: remat.apply(loss_fn, plan); or scan over",
+        f"groups of {g} layers and checkpoint the k-th layer of each group with",
+        "    jax.checkpoint(layer, policy=plan.position_policy(k), prevent_cse=False)",
+    ])  # fmt: skip
 
 
 def paste_code(plan: Any) -> str:

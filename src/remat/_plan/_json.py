@@ -124,7 +124,9 @@ def load_plan(
 def scan_choices(plan: Plan) -> dict[int, ScanChoice]:
     """What the plan asks of each scan, by position (see `remat._trace._tag.rewrite`)."""
     return {
-        s.position: ScanChoice(names=s.names, schedule=s.schedule, offload=s.offloaded)
+        s.position: ScanChoice(
+            names=s.names, schedule=s.schedule, offload=s.offloaded, pattern=s.pattern
+        )
         for s in plan.scans
     }
 
@@ -143,6 +145,7 @@ def read_plan(path: str | os.PathLike, optimizer: Any = None) -> Plan:
             saved=tuple(from_plain(SavedValue, v) for v in s["saved"]),
             recompute_flops=float(s["recompute_flops"]),
             offloaded=tuple(s.get("offloaded", ())),
+            pattern=tuple(tuple(names) for names in s.get("pattern", ())),
         )
         for s in data["scans"]
     )
@@ -229,12 +232,30 @@ def _check_fields(data: dict[str, Any]) -> None:
         # The schedule has a JSON form of its own, checked by `_schedule`.
         check_plain(ScanPlan, {**scan, "schedule": "per_step"}, f"scans[{i}]", _MINIMUM)
         _schedule(scan["schedule"], f"scans[{i}].schedule")
+        _check_pattern(scan, f"scans[{i}]")
         earlier = [s["position"] for s in scans[:i]]
         if scan["position"] in earlier:
             j = earlier.index(scan["position"])
             raise PlainError(f"scans[{i}].position", f"is {scan['position']}, as is scans[{j}]'s")
     if isinstance(data.get("argnums"), list) and not data["argnums"]:
         raise PlainError("argnums", "is an empty list, expected an int or a list of ints")
+
+
+def _check_pattern(scan: dict[str, Any], field: str) -> None:
+    """A per-layer scan's pattern: its period divides the length, ``per_step``, and its names
+    are the scan's saved names."""
+    pattern = scan.get("pattern") or []
+    if not pattern:
+        return
+    if scan["schedule"] != "per_step" or scan["length"] % len(pattern):
+        raise PlainError(
+            f"{field}.pattern",
+            f"has {len(pattern)} positions for a scan of {scan['length']} steps with schedule "
+            f"{scan['schedule']!r}; a pattern is for a 'per_step' scan, its positions a "
+            "divisor of the length",
+        )
+    if sorted({n for names in pattern for n in names}) != sorted(scan["names"]):
+        raise PlainError(f"{field}.pattern", "saves other names than the scan's 'names'")
 
 
 def _schedule(data: Any, field: str = "schedule") -> Schedule:

@@ -95,9 +95,12 @@ def forget() -> None:
 
 
 def choice_key(choice: Choice) -> tuple[Any, ...]:
-    """A hashable identity of a choice: per scan, its names, offloaded names and schedule."""
+    """A hashable identity of a choice: per scan, its names, offloaded names, schedule and
+    per-layer pattern."""
     return tuple(
-        sorted((k, v.names, v.offload, repr(v.schedule)) for k, v in choice.choices.items())
+        sorted(
+            (k, v.names, v.offload, repr(v.schedule), v.pattern) for k, v in choice.choices.items()
+        )
     )
 
 

@@ -28,12 +28,16 @@ A scan's schedule is chosen in the same program: each schedule is an `Option` wi
 copy of the scan's nodes (stored once per step, or once per inner block step for `Nested`)
 and its own fixed bytes and FLOPs (stored carries, re-run forward steps); binary
 ``chosen[o]`` with one option per scan, and a node's constraints hold only when its option is
-chosen. Solved exactly by HiGHS through `scipy.optimize.milp`.
+chosen. An option whose nodes form several groups (the positions of a per-layer option,
+copies of one graph) has them ordered by saved bytes, each at least the next, so that the
+solver does not search every permutation of the same plan. Solved exactly by HiGHS through
+`scipy.optimize.milp`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -345,6 +349,20 @@ def solve(
         if coeffs:
             coeffs[t] = -1.0 / scale_mem
             row(coeffs, -np.inf, 0.0)
+    # Groups of one option are the positions of a per-layer option (`_perlayer`): copies of
+    # one graph, so any order of them is the same plan. Ordering them by saved bytes, each at
+    # least the next, keeps HiGHS from searching every permutation.
+    positions: dict[int, dict[int, list[int]]] = {}
+    for i, node in enumerate(nodes):
+        if node.option is not None and node.saveable:
+            positions.setdefault(node.option, {}).setdefault(node.group, []).append(i)
+    for groups in positions.values():
+        order = [groups[g] for g in sorted(groups)]
+        for before, after in itertools.pairwise(order):
+            coeffs = {i: nodes[i].bytes / scale_mem for i in before}
+            for i in after:
+                coeffs[i] = coeffs.get(i, 0.0) - nodes[i].bytes / scale_mem
+            row(coeffs, 0.0, np.inf)
     for k, opt in enumerate(options):
         if opt.transient:
             row({y + k: opt.transient / scale_mem, t: -1.0 / scale_mem}, -np.inf, 0.0)

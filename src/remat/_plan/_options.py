@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 
 from .._core._schedule import Binomial, Nested, Schedule
+from .._trace._periodic import Period
 from .._trace._tag import ScanChoice
 from ._costmodel import ScanModel
 from ._milp import Node, Option, Solution, materialised
@@ -47,6 +48,9 @@ class ScanPlan:
     saved: tuple[SavedValue, ...]
     recompute_flops: float
     offloaded: tuple[str, ...] = ()  # names kept in host memory between the passes
+    # Per position of a per-layer plan (step ``i`` saves ``pattern[i % len(pattern)]``);
+    # empty when every step saves ``names`` (see `remat._plan._perlayer`).
+    pattern: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +115,7 @@ def assemble(cands: Sequence[Candidate]) -> tuple[list[Node], list[Option], list
                     node,
                     inputs=tuple(base + u for u in node.inputs),
                     option=o,
-                    group=o,
+                    group=o + len(cands) * node.group,  # a per-layer option's positions
                 )
             )
     return nodes, [c.option for c in cands], offsets
@@ -154,12 +158,15 @@ def decode(
                 for i in range(len(cand.nodes))
                 if offsets[o] + i in solution.recomputed
             )
+        pattern, times = _pattern(solution, cand, offsets[o], model)
+        if pattern:  # a value saved at some positions is stored that many times as often
+            idx = [i for i in range(len(model.values)) if times[i]]
         values = [model.values[i] for i in idx]
         names = tuple(v.name for v in values if v.primitive != "carry")
         offloaded = tuple(
             v.name
             for i, v in enumerate(model.values)
-            if not cand.save_all and offsets[o] + i in solution.offloaded
+            if not cand.save_all and not pattern and offsets[o] + i in solution.offloaded
         )
         saved = tuple(
             SavedValue(
@@ -168,25 +175,29 @@ def decode(
                 shape=v.shape,
                 dtype=v.dtype,
                 bytes=v.bytes,
-                multiplicity=1 if v.invariant else copies,
+                multiplicity=(1 if v.invariant else copies) * (times[i] if pattern else 1),
                 source=v.source,
                 user_name=v.user_name,
                 operands=v.operands,
             )
-            for v in values
+            for i, v in zip(idx, values, strict=True)
         )
         position = _positions(models)[cand.scan]
-        choices[position] = ScanChoice(names=names, schedule=cand.schedule, offload=offloaded)
+        schedule = "per_step" if pattern else cand.schedule
+        choices[position] = ScanChoice(
+            names=names, schedule=schedule, offload=offloaded, pattern=pattern
+        )
         scans.append(
             ScanPlan(
                 position=position,
                 source=model.source,
                 length=model.length,
-                schedule=cand.schedule,
+                schedule=schedule,
                 names=names,
                 saved=saved,
                 recompute_flops=float(flops),
                 offloaded=offloaded,
+                pattern=pattern,
             )
         )
     model_bytes = (
@@ -201,14 +212,30 @@ def decode(
     )  # fmt: skip
 
 
+def _pattern(solution, cand, offset, model) -> tuple[tuple[tuple[str, ...], ...], list[int]]:
+    """A per-layer option's save set per position, and at how many positions each value is
+    saved; ``((), [])`` for another option."""
+    if not isinstance(cand.schedule, Period):
+        return (), []
+    size = len(model.values)
+    pattern, times = [], [0] * size
+    for k in range(cand.schedule.g):
+        kept = [i for i in range(size) if offset + k * size + i in solution.saved]
+        for i in kept:
+            times[i] += 1
+        pattern.append(tuple(model.values[i].name for i in kept
+                             if model.values[i].primitive != "carry"))  # fmt: skip
+    return tuple(pattern), times
+
+
 def _positions(models: Sequence[ScanModel]) -> list[int]:
     return [m.index for m in models]
 
 
 def alone_key(option: int, scan: ScanChoice) -> tuple[object, ...]:
     """The key of a scan's contribution checked alone (`remat._plan._memo.Knowledge.alone`):
-    the option, and the scan's saved and offloaded names and schedule."""
-    return (option, scan.names, scan.offload, repr(scan.schedule))
+    the option, and the scan's saved and offloaded names, schedule and per-layer pattern."""
+    return (option, scan.names, scan.offload, repr(scan.schedule), scan.pattern)
 
 
 def fixed_choice(
@@ -286,6 +313,8 @@ def offload_costs(
     rate = flops_per_second or device_flops_per_second()
     out = list(nodes)
     for o, cand in enumerate(cands):
+        if isinstance(cand.schedule, Period):
+            continue  # a per-layer plan keeps its values on the device
         values = models[cand.scan].values
         for i, node in enumerate(cand.nodes):
             if node.saveable and values[i].primitive != "carry":

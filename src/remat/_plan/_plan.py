@@ -4,7 +4,8 @@ Trace → cost model → solve → rewrite → compile and measure:
 
 1. ``fn`` is traced and each scan not inside another scan gets a cost model (`_costmodel`):
    its body as a graph of values with bytes, FLOPs and what the backward pass needs.
-2. Each scan gets a few schedules (``per_step``, `remat.Nested`, `remat.Binomial`), and one
+2. Each scan gets a few schedules (``per_step``, `remat.Nested`, `remat.Binomial`, and
+   per-layer save sets alternating every other layer: `_perlayer`), and one
    mixed-integer program (`_milp`, Checkmate-style; Jain et al., MLSys 2020) chooses, for all
    scans together, the schedule and the set of values to save that recompute the fewest
    FLOPs within the budget.
@@ -95,7 +96,9 @@ def plan(
       budget: bytes (``int``), a size with a unit (``"6GiB"``, ``"512MiB"``), or a fraction
         of the un-checkpointed peak (``0.5`` or ``"50%"``).
       argnums: which positional arguments are differentiated, as in `jax.grad`.
-      schedules: also consider `Nested` and `Binomial` schedules (else only ``per_step``);
+      schedules: also consider `Nested` and `Binomial` schedules, and different save sets
+        in different layers of a scan (two save sets alternating, for a scan of even
+        length; else one ``per_step`` save set per scan);
         each is compiled once to calibrate what it keeps. A `Binomial` step saves all its
         residuals while it is reversed; below the memory of recomputing every step, only
         these schedules fit.

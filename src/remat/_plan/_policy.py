@@ -16,7 +16,9 @@ value in one of two ways:
 
 Scans the plan runs with a `remat.Nested` or `remat.Binomial` schedule are not described by
 a policy (the schedule is the loop, not what a step saves); their values are left out, and
-`Plan.explain` says to run such a scan with `remat.scan(..., schedule=...)`.
+`Plan.explain` says to run such a scan with `remat.scan(..., schedule=...)`. A per-layer plan
+(different save sets in different layers of one scan) is not one policy either: `Plan.policy`
+raises, and `Plan.position_policy(k)` is the policy of the ``k``-th layer of each group.
 """
 
 from __future__ import annotations
@@ -57,15 +59,42 @@ class PlanPolicy:
         return (prim.name, tuple(operand_text(a) for a in avals)) in self.operations
 
 
-def plan_policy(scans: Any) -> PlanPolicy:
-    """The policy saving what the ``per_step`` scans of a plan save."""
+_PER_LAYER = (
+    "`Plan.policy` cannot express this plan as one `jax.checkpoint` policy: {scans} a "
+    "different set in different layers ({lines}), and a policy saves the same values at every "
+    "step. Apply the plan to your own step with `remat.apply(loss_fn, plan)`; or run your scan "
+    "over groups of {g} layers and checkpoint the k-th layer of each group with "
+    "`jax.checkpoint(layer, policy=plan.position_policy(k), prevent_cse=False)`."
+)
+
+
+def plan_policy(scans: Any, position: int | None = None) -> PlanPolicy:
+    """The policy saving what the ``per_step`` scans of a plan save; in a per-layer scan,
+    what its layers at ``position`` (modulo the period) save.
+
+    Raises:
+      ValueError: for a per-layer plan without ``position``.
+    """
+    patterned = [s for s in scans if getattr(s, "pattern", ())]
+    if patterned and position is None:
+        from ._perlayer import describe
+
+        lines = "; ".join(line for s in patterned for line in describe(s.pattern, s.length))
+        where = ", ".join(str(s.position) for s in patterned)
+        raise ValueError(
+            _PER_LAYER.format(
+                scans=f"scan(s) {where} save", lines=lines, g=len(patterned[0].pattern)
+            )
+        )
     names: set[str] = set()
     operations: set[tuple[str, tuple[str, ...]]] = set()
     for scan in scans:
         if scan.schedule != "per_step":
             continue
+        pattern = getattr(scan, "pattern", ())
+        kept = set(pattern[position % len(pattern)]) if pattern else None
         for v in scan.saved:
-            if v.primitive == "carry":
+            if v.primitive == "carry" or (kept is not None and v.name not in kept):
                 continue  # a scan's carries are its inputs: always there
             names.add(v.name)
             if v.user_name is not None:

@@ -184,10 +184,32 @@ class Plan:
         (exact when one equation of the body has them; see `remat._plan._policy`).
         `explain` prints the code, and the ``checkpoint_name`` calls that make it exact.
         Scans planned with a `remat.Nested` or `remat.Binomial` schedule are not covered.
+
+        Raises:
+          ValueError: for a per-layer plan (different save sets in different layers of one
+            scan), which no one policy expresses: the message gives the per-layer pattern
+            and the alternatives, `remat.apply` and `position_policy`.
         """
         from ._policy import plan_policy
 
         return plan_policy(self.scans)
+
+    def position_policy(self, k: int) -> Any:
+        """The policy of the ``k``-th layer of each group in a per-layer plan (layers ``i``
+        with ``i % g == k`` for the period ``g``), for a scan over groups of ``g`` layers that
+        checkpoints each layer on its own; in a uniform plan, the same as `policy`.
+
+        Raises:
+          ValueError: if ``k`` is not an int of at least 0.
+        """
+        from ._policy import plan_policy
+
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(
+                f"`Plan.position_policy` got k={k!r}; expected a layer's position in its group, "
+                "an int >= 0 (layer i of the scan is at position i % g)."
+            )
+        return plan_policy(self.scans, k)
 
     @property
     def measured_peak_bytes(self) -> int | None:
@@ -245,7 +267,11 @@ class Plan:
             },
             "scans": [
                 {
-                    **to_plain(dataclasses.replace(s, schedule="per_step")),
+                    **{
+                        k: v
+                        for k, v in to_plain(dataclasses.replace(s, schedule="per_step")).items()
+                        if k != "pattern" or v  # written for a per-layer plan only
+                    },
                     "schedule": encode_schedule(s.schedule),
                 }
                 for s in self.scans

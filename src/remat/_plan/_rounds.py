@@ -258,8 +258,12 @@ def _solution_of(prep: Prepared, choice: Choice) -> Solution:
     options, saved = [], set()
     for o, cand in enumerate(prep.cands):
         scan_choice = choice.choices.get(prep.models[cand.scan].index)
-        if scan_choice is None or repr(scan_choice.schedule) != repr(cand.schedule):
-            continue
+        if (
+            scan_choice is None
+            or scan_choice.pattern
+            or repr(scan_choice.schedule) != repr(cand.schedule)
+        ):
+            continue  # (a calibration point is uniform)
         options.append(o)
         names = set(scan_choice.names or ())
         values = prep.models[cand.scan].values

@@ -45,7 +45,8 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     and its scan-alone prediction) shows the model overestimating, at that error plus
     `RELAX`. The FLOPs searched narrow as it goes: a candidate that fits is the one to beat,
     and one that does not bounds the search from below (what recomputes less keeps more).
-    One predicted at most ``band`` over the budget counts as fitting (the memory outside
+    (A per-layer candidate over the budget bounds nothing: see the comment where ``above``
+    is set.) One predicted at most ``band`` over the budget counts as fitting (the memory outside
     the scans is known only once a plan is verified).
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
@@ -84,7 +85,11 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 found = solution, choice, alone
                 reference = prep.baseline.flops + choice.flops
                 break  # something cheaper still, higher up?
-            above = solution.recompute_flops
+            if not any(s.pattern for s in choice.choices.values()):
+                # A per-layer candidate over the budget bounds nothing: its group body keeps
+                # more than a uniform plan's step, so a uniform plan that recomputes less
+                # may still fit.
+                above = solution.recompute_flops
     return found
 
 

@@ -23,6 +23,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jcore
 
 from .._core._schedule import Binomial
+from ._periodic import periodic_loop
 from ._rewrite import ScanInfo, _count, lax_loop, list_scans, rewrite_scans
 
 # Call primitives whose bodies are inlined, so the values inside them can be named. The
@@ -121,12 +122,15 @@ def eval_tagged(flat: Any, scan: int, args: Sequence[Any]) -> list[Any]:
 class ScanChoice:
     """What to do with one scan: save these names, with this schedule.
 
-    ``names=None`` leaves the scan as it is (no checkpointing).
+    ``names=None`` leaves the scan as it is (no checkpointing). A ``pattern`` of ``g``
+    save sets gives step ``i`` the names ``pattern[i % g]`` (``per_step`` only; ``g``
+    divides the scan's length, see `remat._trace._periodic`); ``names`` is then their union.
     """
 
     names: tuple[str, ...] | None
     schedule: Any = "per_step"
     offload: tuple[str, ...] = ()  # names kept in host memory (see `remat._core._offload`)
+    pattern: tuple[tuple[str, ...], ...] = ()  # per position: the names it saves
 
     def policy(self) -> Any:
         """The `jax.checkpoint` policy: save ``names``, offload ``offload`` to the host.
@@ -165,7 +169,8 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
     """``fn`` with the scans at the positions in ``choices`` re-run as they say.
 
     Each chosen scan's body is evaluated with every value tagged (see `eval_tagged`) and
-    checkpointed with ``save_only_these_names(*choice.names)``; a schedule other than
+    checkpointed with ``save_only_these_names(*choice.names)`` (with a ``pattern``, each
+    position with its own names: `remat._trace._periodic.periodic_loop`); a schedule other than
     ``"per_step"`` runs the scan with `remat.scan` (a `remat.Binomial` step saves all its
     residuals, `everything_saveable`, while it is reversed). Other scans are left as they are.
     """
@@ -186,6 +191,8 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
             outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
             return list(outs[:nk]), list(outs[nk:])
 
+        if choice.pattern:
+            return tagged  # checkpointed per position by `periodic_loop`
         if choice.schedule == "per_step":
             return jax.checkpoint(tagged, policy=choice.policy(), prevent_cse=False)
         if isinstance(choice.schedule, Binomial):
@@ -194,6 +201,8 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
 
     def loop(info: ScanInfo, body: Any, consts, init, xs):
         choice = chosen(info)
+        if choice is not None and choice.pattern:
+            return periodic_loop(body, choice.pattern, consts, init, xs, info.length, info.reverse)
         if choice is None or choice.schedule in ("per_step", "none"):
             return lax_loop(info, body, consts, init, xs)
         from .._scan._scan import scan  # the schedules of `remat.scan`

@@ -1,0 +1,118 @@
+"""Different save sets in different layers of one scan, without slicing its stacked inputs.
+
+A scan of ``L`` steps whose layer ``i`` saves ``pattern[i % g]`` runs as a scan of ``L / g``
+groups whose body runs the ``g`` layers of a group one after another, each checkpointed with
+its own ``save_only_these_names`` policy. The scanned inputs are reshaped from ``(L, ...)`` to
+``(L / g, g, ...)``, and the stacked outputs back: both are bitcasts of contiguous arrays, so
+XLA copies nothing (with the same save set at every position, the compiled peak equals the
+uniform scan's, which `tests/_trace/test_periodic.py` checks exactly). This is torchtitan's
+"checkpoint every Nth block" generalised to any save set per position.
+
+``g`` divides ``L``. The other forms measured copy or keep more: a remainder scan over the
+last ``L mod g`` layers needs the stacked inputs sliced into two arrays (a copy of each
+parameter stack: 7.8 MiB on the demo GPT), and choosing the save set inside one scan step with
+`jax.lax.switch` on the layer index keeps the residuals of every branch at every step (JAX's
+``cond`` saves the union of its branches' residuals).
+
+The body holds ``g`` copies of the layer, so compile time grows with ``g``: periods stop at
+`MAX_PERIOD`, and the planner offers fewer (`remat._plan._perlayer.PLANNED_PERIOD`: each
+period also grows its integer program).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# The largest period offered: the group body holds this many copies of the layer.
+MAX_PERIOD = 4
+
+Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Period:
+    """The schedule of a per-layer candidate: ``per_step`` with ``g`` save sets, step ``i``
+    saving the ``(i % g)``-th (the planner's internal form; a plan's scan records it as
+    ``schedule="per_step"`` with a ``pattern``)."""
+
+    g: int
+
+
+def periods(length: int, most: int = MAX_PERIOD) -> tuple[int, ...]:
+    """The periods a scan of ``length`` steps can be given: the divisors 2..``most`` of it.
+
+    Example:
+      >>> from remat._trace._periodic import periods
+      >>> periods(8), periods(6), periods(7)
+      ((2, 4), (2, 3), ())
+    """
+    return tuple(g for g in range(2, most + 1) if length % g == 0 and length > g)
+
+
+def policies(pattern: Sequence[Sequence[str]]) -> tuple[Any, ...]:
+    """One `jax.checkpoint` policy per position: save exactly that position's names."""
+    return tuple(jax.checkpoint_policies.save_only_these_names(*names) for names in pattern)
+
+
+def periodic_loop(
+    body: Body,
+    pattern: Sequence[Sequence[str]],
+    consts: Sequence[Any],
+    init: Sequence[Any],
+    xs: Sequence[Any],
+    length: int,
+    reverse: bool = False,
+) -> tuple[list[Any], list[Any]]:
+    """Runs ``body`` for ``length`` steps, step ``i`` checkpointed to save ``pattern[i % g]``.
+
+    Args:
+      body: ``body(consts, carry, x) -> (new_carry, ys)``, every value it should be able to
+        save tagged with `jax.ad_checkpoint.checkpoint_name`.
+      pattern: the names each position saves; ``g = len(pattern)`` divides ``length``.
+      consts, init, xs: the scan's loop-invariant inputs, initial carry and scanned inputs
+        (flat lists of arrays, ``xs`` stacked along their first axis).
+      length: the number of steps.
+      reverse: run the steps last to first, as `jax.lax.scan` does.
+
+    Returns:
+      ``(carry, ys)`` as `jax.lax.scan` returns them for the same body.
+
+    Raises:
+      ValueError: if ``len(pattern)`` does not divide ``length``.
+    """
+    g = len(pattern)
+    if g < 1 or length % g:
+        raise ValueError(
+            f"`remat._trace._periodic.periodic_loop` got a pattern of {g} positions for a scan "
+            f"of {length} steps; the period must divide the length (one of "
+            f"{[d for d in range(1, length + 1) if length % d == 0]})."
+        )
+
+    # Each position's checkpoint takes the whole group's inputs and slices its own inside:
+    # a slice taken outside would be a residual of the group step, a stacked copy of the
+    # parameters, where the group's inputs themselves are the scan's and are not copied.
+    def at(k):
+        return lambda consts, carry, gx: body(consts, carry, [x[k] for x in gx])
+
+    steps = [
+        jax.checkpoint(at(k), policy=policy, prevent_cse=False)
+        for k, policy in enumerate(policies(pattern))
+    ]
+    grouped = [jnp.reshape(x, (length // g, g, *x.shape[1:])) for x in xs]
+
+    def group(carry, gx):
+        carry = list(carry)
+        outs: list[Any] = [None] * g
+        for k in reversed(range(g)) if reverse else range(g):
+            carry, outs[k] = steps[k](consts, carry, gx)
+            carry = list(carry)
+        ys = [jnp.stack([outs[k][j] for k in range(g)]) for j in range(len(outs[0]))]
+        return carry, ys
+
+    carry, ys = jax.lax.scan(group, list(init), grouped, length=length // g, reverse=reverse)
+    return list(carry), [jnp.reshape(y, (length, *y.shape[2:])) for y in ys]

@@ -1,0 +1,130 @@
+"""Per-layer save sets in one scan (`remat._trace._periodic`): the program's values and
+gradients, what each position saves, and that the grouped form copies no stacked input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+from conftest import assert_tree_allclose, mlp_stack
+from remat._measure._peak import compiled_memory
+from remat._trace._periodic import periodic_loop, periods
+from remat._trace._tag import ScanChoice, rewrite
+
+
+def _named_body(consts, carry, x):
+    (h,) = carry
+    w1, w2 = x
+    u = checkpoint_name(h @ w1, "up")
+    a = checkpoint_name(jnp.tanh(u), "act")
+    h = h + a @ w2
+    return [h], [jnp.sum(h, axis=-1)]
+
+
+def _inputs(layers=8, d=8, batch=4):
+    k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+    ws = [
+        jax.random.normal(k1, (layers, d, 2 * d)) / 3,
+        jax.random.normal(k2, (layers, 2 * d, d)) / 4,
+    ]
+    return ws, jax.random.normal(k3, (batch, d))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("pattern", [(("up",), ()), (("up", "act"), (), ("act",)), ((),) * 4])
+def test_values_and_gradients_equal_the_plain_scan(pattern, reverse):
+    ws, x = _inputs(layers=12)
+
+    def plain(ws, x):
+        def step(c, w):
+            new, ys = _named_body((), c, w)
+            return new, ys
+
+        carry, ys = jax.lax.scan(step, [x], ws, reverse=reverse)
+        return jnp.sum(carry[0] ** 2) + jnp.sum(jnp.sin(ys[0]))
+
+    def grouped(ws, x):
+        carry, ys = periodic_loop(_named_body, pattern, (), [x], ws, 12, reverse)
+        return jnp.sum(carry[0] ** 2) + jnp.sum(jnp.sin(ys[0]))
+
+    assert_tree_allclose(grouped(ws, x), plain(ws, x))
+    assert_tree_allclose(jax.grad(grouped, (0, 1))(ws, x), jax.grad(plain, (0, 1))(ws, x))
+
+
+def _saved(pattern, layers=8):
+    """How many layers' ``(batch, 2d)`` values (``up``, ``act``) and ``(batch, d)`` carries the
+    grouped scan saves (from its VJP's residuals: stacked outputs of the forward loop); the
+    stacked parameters are residuals as the reshaped inputs themselves, not copies."""
+    from jax._src.ad_checkpoint import saved_residuals
+
+    ws, x = _inputs(layers)
+
+    def f(ws, x):
+        return periodic_loop(_named_body, pattern, (), [x], ws, layers)[0][0].sum()
+
+    values = carries = 0
+    for aval, where in saved_residuals(f, ws, x):
+        if aval.shape[1:] == (4, 16):
+            values += aval.shape[0]
+        elif aval.shape[1:] == (4, 8):
+            carries += aval.shape[0]
+        else:  # a group of parameters: the reshaped scan input, forwarded
+            assert aval.shape[:2] == (layers // len(pattern), len(pattern)), where
+            assert "reshape" in where, where
+    return values, carries
+
+
+def test_each_position_saves_its_own_names():
+    assert _saved((("up",), ())) == (4, 8)  # layers 0, 2, 4, 6; a carry per layer
+    assert _saved((("up", "act"), ("act",), (), ("act",))) == (2 + 6, 8)
+    assert _saved(((),) * 2) == (0, 8)
+
+
+def test_a_period_that_does_not_divide_the_length_is_refused():
+    ws, x = _inputs(layers=6)
+    with pytest.raises(ValueError, match="period must divide the length"):
+        periodic_loop(_named_body, ((), (), (), ()), (), [x], ws, 6)
+    assert periods(6) == (2, 3) and periods(7) == () and periods(4) == (2,)
+
+
+def _peak(loss, args, choice):
+    step = jax.jit(jax.grad(rewrite(loss, {0: choice})))
+    return compiled_memory(step.lower(*args).compile()).peak_bytes
+
+
+def test_the_grouped_form_copies_no_stacked_input():
+    """With the same save set at every position, the grouped scan's peak exceeds the uniform
+    scan's by the same bytes at 8 and at 16 layers: no copy of the stacked parameters (or of
+    their gradients), only the group body's larger working set (a position's parameter
+    gradients live until the group's last layer is differentiated)."""
+    extra = []
+    for layers in (8, 16):
+        loss, args = mlp_stack(layers=layers, d=16, batch=64)
+        for names in ((), ("remat_s0_e0",)):
+            uniform = _peak(loss, args, ScanChoice(names=names))
+            same = _peak(loss, args, ScanChoice(names=names, pattern=(names, names)))
+            extra.append(same - uniform)
+    assert extra[0] == extra[2] and extra[1] == extra[3]  # the same at 8 and 16 layers
+    layer_params = 2 * 16 * 64 * 4  # one layer's w1 and w2, float32
+    assert 0 <= extra[0] <= 4 * layer_params, extra
+
+
+def test_saving_in_half_the_layers_keeps_about_half_the_bytes():
+    loss, args = mlp_stack(layers=16, d=16, batch=64)
+    keep = ("remat_s0_e0",)
+    none = _peak(loss, args, ScanChoice(names=()))
+    every = _peak(loss, args, ScanChoice(names=keep))
+    half = _peak(loss, args, ScanChoice(names=keep, pattern=(keep, ())))
+    one_value = 64 * 64 * 4  # batch x 4d, float32: saved at 8 of 16 layers
+    assert none < half < every
+    assert abs((every - half) - 8 * one_value) <= 4 * one_value
+
+
+def test_rewrite_with_a_pattern_keeps_the_program_gradients():
+    loss, args = mlp_stack(layers=8, d=8, batch=16)
+    choice = ScanChoice(names=("remat_s0_e0", "remat_s0_e1"),
+                        pattern=(("remat_s0_e0",), (), ("remat_s0_e1",), ()))  # fmt: skip
+    planned = rewrite(loss, {0: choice})
+    assert_tree_allclose(jax.grad(planned)(*args), jax.grad(loss)(*args))
