@@ -365,7 +365,7 @@ def remat_at_saved(loss, args, base: remat.Measurement, target: int) -> dict:
     plan = None
     for _ in range(SAVED_TRIES):
         try:
-            tried = remat.plan(loss, *args, budget=budget, verbose=False)
+            tried = remat.plan(loss, *args, budget=budget, per_layer=True, verbose=False)
         except remat.InfeasibleBudget:
             lo = budget
         else:

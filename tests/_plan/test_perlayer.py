@@ -29,7 +29,7 @@ def stack():
 def planned(stack):
     """Plans at a budget between saving the matmul output in every layer and in none."""
     loss, args = stack
-    return remat.plan(loss, *args, budget="70%")
+    return remat.plan(loss, *args, budget="70%", per_layer=True)
 
 
 def test_a_budget_between_uniform_levels_gets_a_per_layer_plan(stack, planned):
@@ -39,7 +39,7 @@ def test_a_budget_between_uniform_levels_gets_a_per_layer_plan(stack, planned):
     assert sorted(map(len, scan.pattern)) == [0, 1]  # one value, in every other layer
     assert planned.measured_peak_bytes <= planned.budget_bytes
     # Recomputes the matmul in half the layers: half of a uniform "nothing saved" plan's extra.
-    nothing = remat.plan(loss, *args, budget="40%")
+    nothing = remat.plan(loss, *args, budget="40%", per_layer=True)
     assert nothing.scans[0].pattern == () and nothing.scans[0].names == ()
     assert planned.flops_ratio - 1 == pytest.approx((nothing.flops_ratio - 1) / 2)
     assert_tree_allclose(jax.grad(planned.fn)(*args), jax.grad(loss)(*args))
@@ -47,14 +47,14 @@ def test_a_budget_between_uniform_levels_gets_a_per_layer_plan(stack, planned):
 
 def test_plan_budgets_plans_per_layer_too(stack, planned):
     loss, args = stack
-    (again,) = plan_budgets(loss, *args, budgets=["70%"], verbose=False)
+    (again,) = plan_budgets(loss, *args, budgets=["70%"], per_layer=True, verbose=False)
     assert again.scans == planned.scans
     assert again.stats.step_compiles <= 1  # the program is known
 
 
 def test_a_uniform_plan_stays_uniform(stack):
     loss, args = stack
-    p = remat.plan(loss, *args, budget="100%")
+    p = remat.plan(loss, *args, budget="100%", per_layer=True)
     assert all(s.pattern == () for s in p.scans)
     assert "pattern" not in json.dumps(p.to_dict())
 

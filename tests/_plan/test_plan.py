@@ -284,7 +284,7 @@ def test_schedules_are_charged_what_they_keep_alone():
     from remat._plan._milp import Solution
 
     loss, args = recurrence()
-    prep = _calibrate.prepare(loss, args, 0, True)
+    prep = _calibrate.prepare(loss, args, 0, True, per_layer=True)
     know = Knowledge(prep)
     scheduled = [o for o, c in enumerate(prep.cands) if c.schedule != "per_step"]
     assert [type(prep.cands[o].schedule).__name__ for o in scheduled] == (

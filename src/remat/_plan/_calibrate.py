@@ -127,6 +127,7 @@ def prepare(
     host_bandwidth: float | None = None,
     progress: Any = None,
     baseline: Measurement | None = None,
+    per_layer: bool = False,
 ):
     """Everything `plan` needs before it sees a budget (see `Prepared`).
 
@@ -148,7 +149,7 @@ def prepare(
     # Sharded arguments, or a jit with in/out shardings: count values per device.
     splits, devices = scan_input_splits(fn, *args)
     models = model_scans(infos, splits if devices > 1 else None, devices)
-    cands = candidates(models, schedules) + period_candidates(models, schedules)
+    cands = candidates(models, schedules) + period_candidates(models, per_layer)
     nodes, options, offsets = assemble(cands)
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)

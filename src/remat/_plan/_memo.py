@@ -63,12 +63,13 @@ def key_of(
     schedules: bool,
     host_bandwidth: float | None,
     where: tuple[str, int] | None = None,
+    per_layer: bool = False,
 ) -> Any:
     """The memo key: the program, what is differentiated, what is offered, and where it
     compiles (``where``: platform and devices, `remat._shard._target.placement`; default this
     machine's)."""
     where = where or (jax.default_backend(), jax.device_count())
-    return (print_, argnums, schedules, host_bandwidth, *where)
+    return (print_, argnums, schedules, per_layer, host_bandwidth, *where)
 
 
 def recall(key: Any, fn: Any, args: Any) -> Knowledge | None:

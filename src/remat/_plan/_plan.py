@@ -68,6 +68,7 @@ def plan(
     budget: int | float | str,
     argnums: int | Sequence[int] = 0,
     schedules: bool = True,
+    per_layer: bool = False,
     max_rounds: int = 4,
     device_memory: int | None = None,
     offload: bool = False,
@@ -96,12 +97,14 @@ def plan(
       budget: bytes (``int``), a size with a unit (``"6GiB"``, ``"512MiB"``), or a fraction
         of the un-checkpointed peak (``0.5`` or ``"50%"``).
       argnums: which positional arguments are differentiated, as in `jax.grad`.
-      schedules: also consider `Nested` and `Binomial` schedules, and different save sets
-        in different layers of a scan (two save sets alternating, for a scan of even
-        length; else one ``per_step`` save set per scan);
-        each is compiled once to calibrate what it keeps. A `Binomial` step saves all its
-        residuals while it is reversed; below the memory of recomputing every step, only
-        these schedules fit.
+      schedules: also consider `Nested` and `Binomial` schedules (else one ``per_step``
+        save set per scan); each is compiled once to calibrate what it keeps. A `Binomial`
+        step saves all its residuals while it is reversed; below the memory of recomputing
+        every step, only these schedules fit.
+      per_layer: also consider two save sets alternating over the layers of a scan of even
+        length (`Plan.position_policy`). Off by default: it multiplies the integer
+        program's size, and one solve's time with it (on the 8-layer demo GPT, 0.3 s
+        without, 3.5-9 s with, measured on 2 loaded cores).
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes; a budget above it is refused. ``None``
         reads it from the backend (``memory_stats()['bytes_limit']``) where it says (GPU,
@@ -172,6 +175,7 @@ def plan(
     check_max_rounds(max_rounds)
     budget = read_budget(budget, sensible=True)
     check_bool(schedules, "schedules")
+    check_bool(per_layer, "per_layer")
     check_bool(offload, "offload")
     check_bool(verbose, "verbose")
     device_memory = check_device_memory(device_memory)
@@ -193,11 +197,12 @@ def plan(
     with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
         if roll and not has_scans(fn, args):
             (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
-                                      device_memory, bandwidth, progress)  # fmt: skip
+                                      device_memory, bandwidth, progress,
+                                      per_layer=per_layer)  # fmt: skip
             if isinstance(result, InfeasibleBudget):
                 raise result
             return _finished(result, spec, user)
-        know = knowledge(fn, args, spec, schedules, bandwidth, progress)
+        know = knowledge(fn, args, spec, schedules, bandwidth, progress, per_layer)
         plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
                               since)  # fmt: skip
         return _finished(plan_, spec, user)
@@ -210,6 +215,7 @@ def knowledge(
     schedules: bool,
     host_bandwidth: float | None,
     progress: Any = None,
+    per_layer: bool = False,
 ) -> Knowledge:
     """What is known about the program ``fn`` traces to at ``args``: from memory (`_memo`)
     when it was planned before in this process, else prepared (`prepare`) and remembered.
@@ -218,11 +224,15 @@ def knowledge(
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     key = None
     with contextlib.suppress(Exception):  # not traceable as given: `prepare` says why
-        key = key_of(fingerprint(fn, *args), argnums, schedules, host_bandwidth, placement(args))
+        key = key_of(
+            fingerprint(fn, *args), argnums, schedules, host_bandwidth, placement(args), per_layer
+        )
         hash(key)
     know = recall(key, fn, args) if key is not None else None
     if know is None:
-        know = Knowledge(prepare(fn, args, argnums, schedules, host_bandwidth, progress))
+        know = Knowledge(
+            prepare(fn, args, argnums, schedules, host_bandwidth, progress, per_layer=per_layer)
+        )
         if key is not None:
             remember(key, know)
     return know
@@ -283,6 +293,7 @@ def plan_budgets(
     budgets: Sequence[Any],
     argnums: int | Sequence[int] = 0,
     schedules: bool = True,
+    per_layer: bool = False,
     max_rounds: int = 4,
     has_aux: bool = False,
     optimizer: Any = None,
@@ -301,6 +312,7 @@ def plan_budgets(
     compile_target = as_target(target, "plan_budgets")
     read = read_budgets(budgets)  # every budget is checked before anything is compiled
     check_bool(schedules, "schedules", "plan_budgets")
+    check_bool(per_layer, "per_layer", "plan_budgets")
     check_max_rounds(max_rounds, "plan_budgets")
     check_bool(verbose, "verbose", "plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
@@ -315,10 +327,10 @@ def plan_budgets(
     with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
         if roll and not has_scans(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
-                                    progress)  # fmt: skip
+                                    progress, per_layer=per_layer)  # fmt: skip
             return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec, user)
                     for p in planned]  # fmt: skip
-        know = knowledge(fn, args, spec, schedules, None, progress)
+        know = knowledge(fn, args, spec, schedules, None, progress, per_layer)
         for budget in read:  # the first plan's stats include the shared preparation
             try:
                 plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know, progress,

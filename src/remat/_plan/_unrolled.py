@@ -67,6 +67,7 @@ def plan_unrolled(
     device_memory: int | None,
     host_bandwidth: float | None = None,
     progress: Any = None,
+    per_layer: bool = False,
 ) -> list[Plan | InfeasibleBudget]:
     """Plans a program without scans at each budget (see the module docstring).
 
@@ -98,7 +99,8 @@ def plan_unrolled(
         if know is None:  # the rolled program's cost models and calibration, once
             say("rolling the repeated layers")
             know = Knowledge(prepare(roll_unscanned(fn), args, argnums, schedules,
-                                     host_bandwidth, progress, baseline=written))  # fmt: skip
+                                     host_bandwidth, progress, baseline=written,
+                                     per_layer=per_layer))  # fmt: skip
         try:
             plan = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress)
         except InfeasibleBudget as err:
