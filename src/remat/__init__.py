@@ -39,6 +39,7 @@ from ._measure._measure import measure as measure
 # --- plan ---
 from ._plan._json import load_plan as load_plan
 from ._plan._plan import plan as plan
+from ._plan._plan import plan_budgets as plan_budgets
 from ._plan._result import InfeasibleBudget as InfeasibleBudget
 from ._plan._result import Plan as Plan
 
@@ -75,6 +76,7 @@ __all__ = [
     "measure",
     "per_device_bytes",
     "plan",
+    "plan_budgets",
     "revolve_cost",
     "revolve_schedule",
     "rewrite_scans",

@@ -95,6 +95,11 @@ def test_bad_target_from_a_real_process(tmp_path):
 def test_unknown_strategy_and_bad_argnums_are_usage_errors(target_file, capsys):
     assert main(["compare", f"{target_file}:make", "--strategies", "full,bogus"]) == EXIT_USAGE
     assert "not a known strategy" in capsys.readouterr().err
+    # in the shell's terms: what to type, never a Python object the shell cannot pass
+    assert main(["measure", f"{target_file}:make", "--strategy", "fulll"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--strategy got 'fulll'" in err and "did you mean 'full'?" in err
+    assert "+nested(LEVELS)" in err and "callable" not in err and "jax." not in err
     assert main(["measure", f"{target_file}:make", "--argnums", "x"]) == EXIT_USAGE
     assert "--argnums" in capsys.readouterr().err
 

@@ -17,8 +17,11 @@ Which figure, per backend:
 - **GPU / TPU**: the backend's own ``peak_memory_in_bytes`` (from buffer assignment's heap
   simulation, which knows when buffers die) when it is at least ``temp + argument - alias``
   (the temporaries buffer and the arguments coexist, so a smaller figure cannot be a peak);
-  otherwise the sum above. Not yet checked against a device: no accelerator was lent to the
-  sessions that wrote this, so ``peak_source`` says which figure was taken.
+  otherwise the sum above. What has been checked: the choice between the two figures, with
+  memory analyses written by hand for each backend (``tests/_measure/test_peak.py``); what
+  has not: that a GPU's or TPU's ``peak_memory_in_bytes`` passes that floor and is the
+  peak a device reaches, since no run on either device has been compared with it. So
+  ``peak_source`` says which figure was taken, for a reader to check on the device.
 - A backend without memory analysis gives zeros and ``peak_source="unavailable"``.
 """
 
