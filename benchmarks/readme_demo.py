@@ -39,7 +39,7 @@ def section(printed: str, load: float | None) -> str:
             "exactly):",
             "",
             "```text",
-            printed.rstrip(),
+            "\n".join(line.rstrip() for line in printed.rstrip().splitlines()),
             "```",
             MARKERS[1],
         ]

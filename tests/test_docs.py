@@ -247,3 +247,26 @@ def test_the_output_checker_reads_varying_figures():
     assert (
         _marked("dots 3.72 MiB, ≈3.4 ms\n", "dots 3.80 MiB, 5.0 ms") == "dots 3.80 MiB, ≈5.0 ms\n"
     )
+
+
+def _demo_rows(text: str, start: str, end: str, sep: str) -> dict[str, tuple[str, ...]]:
+    """strategy -> (peak MiB, peak ×base, residual MiB, GFLOPs, FLOPs ×base) of a demo table
+    between ``start`` and ``end``: the columns that repeat exactly (not ms/step)."""
+    section = text[text.index(start) : text.index(end)]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip(sep).split(sep)]
+        if len(cells) == 8 and re.fullmatch(r"[0-9.]+", cells[1]):
+            rows[cells[0]] = tuple(cells[1:6])
+    return rows
+
+
+def test_the_readme_demo_sample_and_benchmarks_agree_on_the_exact_columns():
+    # Both are written by commands (`./dev bench readme_demo`, `./dev bench demo_bench`) from
+    # runs of the same demo: memory and FLOPs repeat exactly, so one rewritten without the
+    # other (a change to the demo, the model or the planner) shows here.
+    readme = (ROOT / "README.md").read_text()
+    bench = (ROOT / "BENCHMARKS.md").read_text()
+    sample = _demo_rows(readme, "<!-- demo-sample:start -->", "<!-- demo-sample:end -->", "│")
+    table = _demo_rows(bench, "<!-- demo:start -->", "<!-- demo:end -->", "|")
+    assert len(sample) == 7 and sample == table
