@@ -42,7 +42,11 @@ from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-RUN = {"python", "bash", "console"}
+OPTIONS = {
+    "python": {"continuation", "process", "notest"},
+    "bash": {"notest"},
+    "console": {"notest"},
+}
 VARIES = re.compile(r"≈(-?[0-9][0-9.,]*)")
 
 
@@ -236,6 +240,15 @@ def test_shell_block_runs_as_written(block, tmp_path):
                 f"{block.where}: {command!r} printed:\n{done.stdout}\nthe document shows:\n"
                 f"{expected}"
             )
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_fence_option_is_one_the_runner_knows(path):
+    # a misspelt option ("continuaton") would silently run a block on its own
+    for block in blocks(path):
+        known = OPTIONS.get(block.lang, set())
+        assert set(block.options) <= known, f"{block.where}: {block.options} not in {known}"
+        assert block.lang != "output", f"{block.where}: an output block after no Python block"
 
 
 def test_the_output_checker_reads_varying_figures():
