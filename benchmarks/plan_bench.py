@@ -37,7 +37,6 @@ from remat._plan._calibrate import prepare
 from remat._plan._compile import compile_measure, peak_of, tally
 from remat._plan._milp import solve
 from remat._plan._options import decode
-from remat._plan._plan import plan_budgets
 from remat._plan._result import InfeasibleBudget
 from remat._plan._rounds import plan_prepared
 from remat._report._report import Report, current_machine
@@ -221,7 +220,7 @@ def planning_costs(fn, args) -> dict:
                           seconds=p.stats.seconds, rounds=p.rounds)  # fmt: skip
     _memo.forget()
     before, start = tally()[0].get("step", 0), time.perf_counter()
-    plan_budgets(fn, *args, budgets=(0.9, 0.5, 0.35, 0.25), verbose=False)
+    remat.plan_budgets(fn, *args, budgets=(0.9, 0.5, 0.35, 0.25), verbose=False)
     out["budgets 4"] = dict(step=tally()[0].get("step", 0) - before,
                             seconds=time.perf_counter() - start)  # fmt: skip
     _memo.forget()

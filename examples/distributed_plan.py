@@ -20,16 +20,44 @@ if __name__ == "__main__":  # before JAX starts: 8 CPU devices on this host
     ).strip()
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import remat
-from remat._models import make_mesh, make_sharded_gpt
+
+LAYERS, WIDTH, HIDDEN, BATCH = 6, 32, 128, 512
+
+
+def loss(params, x):
+    """Mean square of the output of ``LAYERS`` residual MLP blocks stacked with a scan."""
+
+    def block(h, p):
+        return h + jnp.tanh(h @ p["w1"]) @ p["w2"], None
+
+    h, _ = jax.lax.scan(block, x, params)
+    return jnp.mean(h**2)
+
+
+def make_sharded(mesh):
+    """``loss`` and its GLOBAL arguments laid out on ``mesh``: the batch split over ``data``,
+    each weight's hidden dimension over ``fsdp``."""
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = {
+        "w1": jax.random.normal(k1, (LAYERS, WIDTH, HIDDEN)) / WIDTH**0.5,
+        "w2": jax.random.normal(k2, (LAYERS, HIDDEN, WIDTH)) / HIDDEN**0.5,
+    }
+    specs = {"w1": P(None, None, "fsdp"), "w2": P(None, "fsdp", None)}
+    params = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in params.items()}
+    x = jax.device_put(jax.random.normal(k3, (BATCH, WIDTH)), NamedSharding(mesh, P("data")))
+    return loss, (params, x)
 
 
 def plan_and_load(out_dir: str = "remat-distributed"):
     """Steps 1-3 below; returns the loaded plan, the loss function and the arguments."""
     # 1. Every process: the mesh over all devices and the GLOBAL arguments, laid out on it.
-    mesh = make_mesh((4, 2), ("data", "fsdp"))
-    loss_fn, args = make_sharded_gpt(mesh, layers=2, d_model=16, seq=8, batch=8, heads=2)
+    mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
+    loss_fn, args = make_sharded(mesh)
 
     # 2. Process 0 only: plan against a per-device budget and save the plan.
     path = os.path.join(out_dir, "plan.json")

@@ -12,7 +12,6 @@ import pytest
 
 import remat
 from remat._core._strategy import offload_available
-from remat._plan._plan import plan_budgets
 
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 WS = jnp.ones((2, 3, 3)) * 0.1
@@ -352,23 +351,23 @@ CASES = {
         "'512MiB'",
     ),
     "plan-budgets-as-one-string": (
-        lambda: plan_budgets(loss, WS, X, budgets="50%"),
+        lambda: remat.plan_budgets(loss, WS, X, budgets="50%"),
         ValueError,
-        "plan_budgets",
+        "remat.plan_budgets",
         "budgets='50%'",
         "budgets=['75%', '50%', '2GiB']",
     ),
     "plan-budgets-bad-entry": (
-        lambda: plan_budgets(loss, WS, X, budgets=["50%", "lots"]),
+        lambda: remat.plan_budgets(loss, WS, X, budgets=["50%", "lots"]),
         ValueError,
-        "plan_budgets",
+        "remat.plan_budgets",
         "budget='lots'",
         "'512MiB'",
     ),
     "plan-budgets-str-schedules": (
-        lambda: plan_budgets(loss, WS, X, budgets=["50%"], schedules="no"),
+        lambda: remat.plan_budgets(loss, WS, X, budgets=["50%"], schedules="no"),
         ValueError,
-        "plan_budgets",
+        "remat.plan_budgets",
         "schedules='no'",
         "True or False",
     ),

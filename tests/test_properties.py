@@ -101,10 +101,26 @@ def _check_same(loss, strategy, params, x, dtype):
     assert_tree_allclose(got, reference, scale=SCALE[dtype])
 
 
+def _fixed_stack(depth=8, width=5, batch=3, pytree_carry=False):
+    rng = np.random.default_rng(0)
+    params = {
+        "w": rng.normal(size=(depth, width, width)) / np.sqrt(width),
+        "b": rng.normal(size=(depth, width)) * 0.1,
+    }
+    return _loss(pytree_carry), params, rng.normal(size=(batch, width)), "float32"
+
+
 _STRUCTURAL = {"RM001", "RM002", "RM003", "RM004", "RM007", "RM008"}
 
 
 @PROFILE
+# Lengths whose `Nested` blocks leave a shorter last block beside the loop of whole ones.
+@example(stack=_fixed_stack(depth=11), policy="none", schedule=remat.Nested(2))
+@example(stack=_fixed_stack(depth=17), policy="none", schedule=remat.Nested(2))
+@example(stack=_fixed_stack(depth=19), policy="none", schedule=remat.Nested(2))
+@example(stack=_fixed_stack(depth=23), policy="none", schedule=remat.Nested(2))
+@example(stack=_fixed_stack(depth=11), policy="none", schedule=remat.Nested(3))
+@example(stack=_fixed_stack(depth=17), policy="dots", schedule=remat.Nested(3))
 @given(
     stack=stacks(dtypes=("float32", "bfloat16", "float64")),
     policy=st.sampled_from(STRATEGIES),
@@ -165,15 +181,6 @@ PLAN_PROFILE = settings(PROFILE, max_examples=max(1, PROFILE.max_examples // 3))
 BUDGETS = st.one_of(
     st.floats(0.7, 1.0), st.floats(0.05, 1.0), st.sampled_from(["30%", "75%", "100%"])
 )
-
-
-def _fixed_stack(depth=8, width=5, batch=3, pytree_carry=False):
-    rng = np.random.default_rng(0)
-    params = {
-        "w": rng.normal(size=(depth, width, width)) / np.sqrt(width),
-        "b": rng.normal(size=(depth, width)) * 0.1,
-    }
-    return _loss(pytree_carry), params, rng.normal(size=(batch, width)), "float32"
 
 
 @PLAN_PROFILE

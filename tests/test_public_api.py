@@ -42,6 +42,7 @@ PUBLIC = [
     "parse_target",
     "per_device_bytes",
     "plan",
+    "plan_budgets",
     "plot_memory",
     "recipes",
     "revolve_cost",
@@ -97,3 +98,16 @@ def test_plan_files_of_format_1_still_load(name, schedule):
     assert bool(jnp.allclose(p.fn(*ARGS), loss(*ARGS)))
     got, want = jax.grad(p.fn)(*ARGS), jax.grad(loss)(*ARGS)
     assert bool(jnp.allclose(got, want, rtol=1e-5, atol=1e-6))
+
+
+def test_public_exceptions_and_warnings_print_their_public_names():
+    import traceback
+
+    classes = [getattr(remat, n) for n in remat.__all__ if isinstance(getattr(remat, n), type)]
+    raised = [c for c in classes if issubclass(c, BaseException)]
+    assert {c.__name__ for c in raised} == {"InfeasibleBudget", "RematWarning"}
+    for c in raised:
+        assert c.__module__ == "remat", c
+    err = remat.InfeasibleBudget("1KiB", 1024, 2048, 4096)
+    (line,) = traceback.format_exception_only(err)
+    assert line.startswith("remat.InfeasibleBudget: `remat.plan` cannot fit budget")

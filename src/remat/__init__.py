@@ -43,6 +43,7 @@ from ._measure._memory import MemoryView as MemoryView
 # --- plan ---
 from ._plan._json import load_plan as load_plan
 from ._plan._plan import plan as plan
+from ._plan._plan import plan_budgets as plan_budgets
 from ._plan._result import InfeasibleBudget as InfeasibleBudget
 from ._plan._result import Plan as Plan
 
@@ -86,6 +87,7 @@ __all__ = [
     "parse_target",
     "per_device_bytes",
     "plan",
+    "plan_budgets",
     "plot_memory",
     "revolve_cost",
     "revolve_schedule",

@@ -58,6 +58,40 @@ def test_load_target_from_file_and_module(target_file, monkeypatch):
     assert fn.__name__ == "loss" and args[1].shape == (2, 8)
 
 
+def test_a_target_file_may_define_dataclasses_and_flax_modules(tmp_path):
+    # with string annotations, a dataclass (so a Flax module) looks its module up in
+    # sys.modules while it is defined
+    path = tmp_path / "model_with_classes.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from __future__ import annotations
+
+            import dataclasses
+            import flax.linen as nn
+            import jax.numpy as jnp
+
+            @dataclasses.dataclass(frozen=True)
+            class Sizes:
+                width: int = 4
+
+            class Layer(nn.Module):
+                @nn.compact
+                def __call__(self, x):
+                    return nn.Dense(Sizes().width)(x)
+
+            def make():
+                import jax
+                x = jnp.ones((2, 4))
+                params = Layer().init(jax.random.key(0), x)
+                return (lambda p, x: jnp.sum(Layer().apply(p, x))), (params, x)
+            """
+        )
+    )
+    fn, (params, x) = load_target(f"{path}:make")
+    assert float(fn(params, x)) == float(fn(params, x))
+
+
 @pytest.mark.parametrize(
     ("suffix", "message"),
     [
@@ -100,6 +134,11 @@ def test_bad_target_from_a_real_process(tmp_path):
 def test_unknown_strategy_and_bad_argnums_are_usage_errors(target_file, capsys):
     assert main(["compare", f"{target_file}:make", "--strategies", "full,bogus"]) == EXIT_USAGE
     assert "not a known strategy" in capsys.readouterr().err
+    # in the shell's terms: what to type, never a Python object the shell cannot pass
+    assert main(["measure", f"{target_file}:make", "--strategy", "fulll"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--strategy got 'fulll'" in err and "did you mean 'full'?" in err
+    assert "+nested(LEVELS)" in err and "callable" not in err and "jax." not in err
     assert main(["measure", f"{target_file}:make", "--argnums", "x"]) == EXIT_USAGE
     assert "--argnums" in capsys.readouterr().err
 

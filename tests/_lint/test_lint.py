@@ -248,6 +248,38 @@ def test_rm007_not_reported_for_blocks_of_an_outer_scan():
     assert codes(_stack, X, strategy=strategy) == []
 
 
+def _scan_of(n):
+    return lambda x: jnp.sum(jax.lax.scan(lambda c, _: (layer(c), None), x, length=n)[0])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize(("n", "levels"), [(11, 2), (17, 2), (19, 3), (23, 3), (29, 4)])
+def test_rm007_not_reported_for_the_shorter_last_block_of_nested(n, levels, reverse):
+    # 11 steps as Nested(2) are blocks of (3, 4): two whole blocks of 4 in a loop, then a
+    # checkpointed block of 3 beside the loop; 29 as Nested(4) are (2, 2, 3, 3), whose last
+    # block of 11 again ends with a block of 2, shorter than one of its inner blocks.
+    def fn(x):
+        return jnp.sum(jax.lax.scan(lambda c, _: (layer(c), None), x, length=n, reverse=reverse)[0])
+
+    for policy in ["none", "full"]:
+        strategy = remat.Strategy(policy, schedule=remat.Nested(levels))
+        assert codes(fn, X, strategy=strategy) == []
+
+
+def test_rm007_reported_beside_a_loop_of_shorter_blocks():
+    # A whole scan of 6 checkpointed beside blocks of 3: longer than a block, so reported.
+    def fn(x):
+        def block(c, _):
+            return jax.checkpoint(
+                lambda c: jax.lax.scan(lambda h, _: (layer(h), None), c, length=3)[0]
+            )(c), None
+
+        h = jax.lax.scan(block, x, length=2)[0]
+        return jnp.sum(jax.checkpoint(_scan_of(6))(h))
+
+    assert codes(fn, X) == ["RM007"]
+
+
 # --- RM008: nested checkpoints, inner policy overridden ---
 
 

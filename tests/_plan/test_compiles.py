@@ -18,7 +18,6 @@ from remat._measure._hlo import hlo_flops
 from remat._measure._peak import peak_bytes
 from remat._models._gpt import make_gpt
 from remat._plan import _compile, _memo
-from remat._plan._plan import plan_budgets
 from remat._plan._progress import Progress
 
 
@@ -90,7 +89,7 @@ def test_compiles_first_plan_again_and_budgets(monkeypatch):
     _memo.forget()
     before = count.step_compiles()
     budgets = (0.8, 0.5, 0.35, 0.25)
-    plan_budgets(loss, *args, budgets=budgets)
+    remat.plan_budgets(loss, *args, budgets=budgets)
     assert count.step_compiles() - before <= len(budgets) + 2
 
 

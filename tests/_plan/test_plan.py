@@ -11,7 +11,6 @@ import pytest
 import remat
 from conftest import assert_tree_allclose, mlp_stack
 from remat._core._budget import read_budget
-from remat._plan._plan import plan_budgets
 
 
 def recurrence():
@@ -35,7 +34,7 @@ def stack():
 def plans(stack):
     loss, args = stack
     budgets = (1.0, 0.6, 0.45)
-    return dict(zip(budgets, plan_budgets(loss, *args, budgets=budgets), strict=True))
+    return dict(zip(budgets, remat.plan_budgets(loss, *args, budgets=budgets), strict=True))
 
 
 def test_plans_fit_and_keep_gradients(stack, plans):

@@ -140,7 +140,7 @@ def test_plan_budgets_never_exceed_the_budget(name, fractions):
     baseline = _compiled_peak(loss, *args)
     full_peak = _compiled_peak(remat.apply(loss, "full"), *args)
     reference = jax.grad(loss)(*args)
-    results = remat._plan._plan.plan_budgets(loss, *args, budgets=fractions, schedules=False)
+    results = remat.plan_budgets(loss, *args, budgets=fractions, schedules=False)
     for fraction, result in zip(fractions, results, strict=True):
         _check(result, loss, args, fraction, baseline, full_peak, reference)
 

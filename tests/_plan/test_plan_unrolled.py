@@ -10,7 +10,6 @@ from flax import nnx
 
 import remat
 from conftest import assert_tree_allclose
-from remat._plan._plan import plan_budgets
 
 SEQ, W = 128, 16  # activations dominate: (SEQ, SEQ) attention and (SEQ, 4W) MLP per layer
 
@@ -60,7 +59,7 @@ def assert_plan(plan, loss, params, *args):
 
 def test_plain_jax_transformer_at_50_and_35_percent():
     layers = [layer_params(k) for k in jax.random.split(jax.random.key(0), 8)]
-    half, third = plan_budgets(transformer, layers, X, budgets=[0.5, 0.35])
+    half, third = remat.plan_budgets(transformer, layers, X, budgets=[0.5, 0.35])
     for plan in (half, third):
         assert isinstance(plan, remat.Plan), plan
         assert_plan(plan, transformer, layers, X)

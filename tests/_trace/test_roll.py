@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import equinox as eqx
@@ -165,7 +166,7 @@ def test_widths_that_all_differ_say_which_layer():
     params = dense_params(jax.random.key(6), [W, 2 * W, 3 * W, 4 * W])
     check(loss, params, X, lengths=[])
     why = explain_no_roll(jax.make_jaxpr(loss)(params, X))
-    assert why.startswith("layer at eqn 2 (test_roll.py:"), why
+    assert why.startswith(f"layer at eqn 2 ({os.path.relpath(__file__)}:"), why
     assert "differs from the one before it: dot_general input" in why, why
 
 

@@ -13,6 +13,13 @@ _BARE = ("none", "full", "dots", "dots_no_batch", "everything")
 _SCHEDULE = re.compile(r"^(?P<policy>.+)\+(?P<kind>nested|binomial)\((?P<n>\d+)\)$")
 
 
+_UNKNOWN_CLI = (
+    "{where} got {got!r}, which is not a known strategy; {hint}write one of {names}, "
+    "names:NAME,NAME or offload:NAME,NAME, optionally followed by +nested(LEVELS) or "
+    "+binomial(SNAPSHOTS), e.g. 'full+nested(2)'"
+)
+
+
 def parse_strategy(text: str, where: str = "remat compare --strategies"):
     """A strategy from its command-line spelling: a strategy string, optionally followed by
     ``+nested(LEVELS)`` or ``+binomial(SNAPSHOTS)`` (the labels `remat.Strategy.name` gives).
@@ -36,8 +43,22 @@ def parse_strategy(text: str, where: str = "remat compare --strategies"):
             return Strategy(match["policy"], schedule=schedule)
         check_policy(text, where)
     except ValueError as err:
+        if "not a known strategy" in str(err):
+            raise CliError(_unknown_strategy(text, where), EXIT_USAGE) from err
         raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err
     return text
+
+
+def _unknown_strategy(text: str, where: str) -> str:
+    """The message for a strategy the shell spelled wrong, in the shell's own terms."""
+    import difflib
+
+    from .._core._strategy import STRATEGY_NAMES
+
+    bare = [n for n in STRATEGY_NAMES if "<" not in n]
+    close = difflib.get_close_matches(text.split("+")[0], bare, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return _UNKNOWN_CLI.format(where=where, got=text, hint=hint, names=", ".join(bare))
 
 
 def split_strategies(text: str) -> list[str]:

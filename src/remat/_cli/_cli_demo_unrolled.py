@@ -19,7 +19,7 @@ BUDGETS = (0.5, 0.35)
 def _row(name: str, fn, fn_args) -> list[str]:
     import jax
 
-    from .._plan._plan import plan_budgets
+    from .._plan._plan import plan_budgets  # the public remat.plan_budgets
     from .._plan._result import InfeasibleBudget
 
     plans = plan_budgets(fn, *fn_args, budgets=list(BUDGETS), schedules=False)

@@ -37,9 +37,13 @@ def _load_module(spec: str):
             raise CliError(f"cannot import {spec} as a Python file", EXIT_USAGE)
         module = importlib.util.module_from_spec(module_spec)
         sys.path.insert(0, str(path.resolve().parent))  # let the file import its neighbours
+        # registered before it runs, as an import does: dataclasses (and so Flax modules)
+        # defined in the file look their module up in sys.modules
+        sys.modules[name] = module
         try:
             module_spec.loader.exec_module(module)
         except Exception as err:
+            del sys.modules[name]
             raise CliError(f"importing {spec} failed: {_one_line(err)}", EXIT_USAGE) from err
         finally:
             sys.path.remove(str(path.resolve().parent))

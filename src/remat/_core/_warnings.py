@@ -8,3 +8,5 @@ class RematWarning(UserWarning):
       >>> import warnings, remat
       >>> warnings.simplefilter("ignore", remat.RematWarning)
     """
+
+    __module__ = "remat"  # printed as remat.RematWarning, the name users filter by

@@ -248,14 +248,15 @@ def _check_dots_no_batch(site: walk.Site, all_sites: list[walk.Site]) -> list[Fi
 def _check_whole_scan(site: walk.Site, all_sites: list[walk.Site]) -> list[Finding]:
     if site.loops:
         return []  # a checkpointed block of an outer loop: nested checkpointing, O(sqrt(N))
-    inside = walk.within(all_sites, site)
     findings = []
-    for scan in (s for s in inside if s.primitive == "scan" and s.eqn.params["length"] > 1):
+    for scan in _own_scans(site, all_sites):
         body_checkpointed = any(
             s.primitive == walk.CHECKPOINT for s in walk.within(all_sites, scan)
         )
         if body_checkpointed:
             continue  # a checkpointed scan inside a checkpoint: two-level checkpointing
+        if _beside_longer_blocks(site, scan, all_sites):
+            continue  # the last, shorter block of a loop of checkpointed blocks (`Nested`)
         findings.append(
             Finding(
                 "RM007",
@@ -268,6 +269,36 @@ def _check_whole_scan(site: walk.Site, all_sites: list[walk.Site]) -> list[Findi
             )
         )
     return findings
+
+
+def _own_scans(site: walk.Site, all_sites: list[walk.Site]) -> list[walk.Site]:
+    """The scans of more than one step whose nearest enclosing checkpoint is ``site``: a scan
+    inside an inner checkpoint is that checkpoint's to answer for."""
+    return [
+        s
+        for s in walk.within(all_sites, site)
+        if s.primitive == "scan" and s.eqn.params["length"] > 1 and s.checkpoint is site
+    ]
+
+
+def _beside_longer_blocks(site: walk.Site, scan: walk.Site, all_sites: list[walk.Site]) -> bool:
+    """Whether checkpoint ``site`` sits beside (in the same jaxpr) a loop whose body is a
+    checkpoint around a scan at least as long as ``scan``.
+
+    That is how a nested schedule runs steps that do not fill a whole block: one more
+    checkpointed block after (or, in reverse, before) the loop over the whole ones. Its
+    backward pass holds no more steps' residuals than each block of the loop does.
+    """
+    length = scan.eqn.params["length"]
+    for loop in all_sites:
+        if loop.primitive not in walk.LOOPS or loop.steps != site.steps:
+            continue
+        for block in walk.within(all_sites, loop):
+            if block.primitive != walk.CHECKPOINT or block.checkpoint is not site.checkpoint:
+                continue
+            if any(s.eqn.params["length"] >= length for s in _own_scans(block, all_sites)):
+                return True
+    return False
 
 
 def _check_nested(site: walk.Site) -> list[Finding]:

@@ -34,8 +34,11 @@ Which figure, per backend:
 - **GPU**: the backend's own ``peak_memory_in_bytes`` (from buffer assignment's heap
   simulation, which knows when buffers die) when it is at least ``temp + argument - alias``
   (the temporaries buffer and the arguments coexist, so a smaller figure cannot be a peak);
-  otherwise the sum above. Not yet checked against a device, so ``peak_source`` says which
-  figure was taken.
+  otherwise the sum above. What has been checked: the choice between the two figures, with
+  memory analyses written by hand (``tests/_measure/test_peak.py``); what has not: that a
+  GPU's ``peak_memory_in_bytes`` passes that floor and is the peak a device reaches, since
+  no GPU compile or run has been compared with it. So ``peak_source`` says which figure was
+  taken, for a reader to check on the device.
 - A backend without memory analysis gives zeros and ``peak_source="unavailable"``.
 """
 

@@ -33,7 +33,7 @@ _TINY_BANDWIDTH = (
     "is in bytes per second: for {got} GB/s pass host_bandwidth={got}e9."
 )
 _BAD_BUDGETS = (
-    "`plan_budgets` got budgets={got!r}; pass a list of budgets, each as `remat.plan` "
+    "`remat.plan_budgets` got budgets={got!r}; pass a list of budgets, each as `remat.plan` "
     "takes it, e.g. budgets=['75%', '50%', '2GiB']."
 )
 
@@ -78,7 +78,7 @@ def check_max_rounds(value: Any, where: str = "remat.plan") -> int:
 
 
 def read_budgets(budgets: Any) -> list[Budget]:
-    """Every budget of `plan_budgets`, read before anything is compiled."""
+    """Every budget of `remat.plan_budgets`, read before anything is compiled."""
     if isinstance(budgets, str | bytes) or not isinstance(budgets, Sequence) or not budgets:
         raise ValueError(_BAD_BUDGETS.format(got=budgets))
     out = []
@@ -86,7 +86,7 @@ def read_budgets(budgets: Any) -> list[Budget]:
         try:
             out.append(read_budget(budget, sensible=True))
         except ValueError as err:
-            raise renamed(err, "`remat.plan`", "`plan_budgets`")  # noqa: B904 (`renamed` chains)
+            raise renamed(err, "`remat.plan`", "`remat.plan_budgets`")  # noqa: B904 (`renamed` chains)
     return out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -84,8 +83,7 @@ def jaxpr_flops(jaxpr: Any, elementwise: float = 1.0) -> float:
 
 def source_of(eqn: Any) -> str | None:
     """``"file.py:123"`` of the code that produced ``eqn`` (outside flax/equinox if possible)."""
-    where = _source(eqn)
-    return os.path.basename(where) if where else None
+    return _source(eqn) or None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,7 +96,8 @@ def plan_table(plan: Any) -> Group:
     if stats is not None:
         lines.append(
             f"compiled        the whole step {stats.step_compiles}×, one scan alone "
-            f"{stats.scan_compiles}× ({stats.compile_seconds:.1f} s); {stats.seconds:.1f} s in all"
+            f"{stats.scan_compiles}×: {stats.compile_seconds:.1f} s of compiling (summed over "
+            f"compiles that run side by side), {stats.seconds:.1f} s wall time in all"
         )
     devices = getattr(plan.measured, "num_devices", 1) if plan.measured is not None else 1
     if plan.measured is not None:  # a peak is the backend's: re-measure on another one

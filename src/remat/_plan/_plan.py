@@ -301,23 +301,52 @@ def plan_budgets(
     verbose: bool = True,
     target: Any = None,
 ) -> list[Plan | InfeasibleBudget]:
-    """`plan` at several budgets, sharing the tracing, the calibration and every compiled
-    plan (a plan compiled for one budget competes at the others).
+    """`remat.plan` at several budgets at once, sharing the tracing, the calibration and
+    every compiled plan (a plan compiled for one budget competes at the others).
 
-    Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits.
-    ``target`` compiles for a TPU slice, as in `plan`.
+    Cheaper than one `remat.plan` call per budget, and a budget that cannot be met does not
+    stop the others: its entry is the `remat.InfeasibleBudget` error instead of a plan.
+
+    Args:
+      fn: the loss, as for `remat.plan`.
+      *args: its arguments.
+      budgets: the budgets, each as `remat.plan`'s ``budget`` (bytes, ``"512MiB"``,
+        ``"50%"`` or a fraction of the un-checkpointed peak); all are checked before anything
+        is compiled.
+      argnums, schedules, per_layer, max_rounds, has_aux, optimizer, roll, verbose, target:
+        as for `remat.plan` (``target`` compiles for a TPU slice).
+
+    Returns:
+      One entry per budget, in order: a `remat.Plan`, or the `remat.InfeasibleBudget` error
+      (not raised) where no plan fits.
+
+    Raises:
+      ValueError: a budget that is not a budget (before anything is compiled).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat
+      >>> def loss(ws, x):  # 6 layers stacked with a scan
+      ...     return jax.lax.scan(lambda c, w: (jnp.sin(c @ w), None), x, ws)[0].sum()
+      >>> ws, x = jnp.full((6, 16, 16), 0.1), jnp.ones((256, 16))
+      >>> plans = remat.plan_budgets(loss, ws, x, budgets=["90%", "1KiB"], verbose=False)
+      >>> plans[0].measured_peak_bytes <= plans[0].budget_bytes
+      True
+      >>> type(plans[1]).__name__, "cannot fit budget" in str(plans[1])
+      ('InfeasibleBudget', True)
     """
     if not callable(fn):
-        raise TypeError(f"`plan_budgets` got fn={fn!r}, which is not callable; pass the loss.")
-    compile_target = as_target(target, "plan_budgets")
+        raise TypeError(
+            f"`remat.plan_budgets` got fn={fn!r}, which is not callable; pass the loss."
+        )
+    compile_target = as_target(target, "remat.plan_budgets")
     read = read_budgets(budgets)  # every budget is checked before anything is compiled
-    check_bool(schedules, "schedules", "plan_budgets")
-    check_bool(per_layer, "per_layer", "plan_budgets")
-    check_max_rounds(max_rounds, "plan_budgets")
-    check_bool(verbose, "verbose", "plan_budgets")
+    check_bool(schedules, "schedules", "remat.plan_budgets")
+    check_bool(per_layer, "per_layer", "remat.plan_budgets")
+    check_max_rounds(max_rounds, "remat.plan_budgets")
+    check_bool(verbose, "verbose", "remat.plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
     if compile_target is not None:
-        args = compile_target.place(args, argnums_of(spec), "plan_budgets")
+        args = compile_target.place(args, argnums_of(spec), "remat.plan_budgets")
     user = fn if has_modules(args) else None
     fn, args = with_modules_split(fn, args)
     check_inputs(fn, args, spec)

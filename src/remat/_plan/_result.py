@@ -44,7 +44,7 @@ _NO_OPTIMIZER = (
 
 
 class InfeasibleBudget(ValueError):
-    """No plan fits the memory budget.
+    """No plan fits the memory budget (raised by `remat.plan`; public as `remat.InfeasibleBudget`).
 
     Attributes:
       budget_bytes: the budget asked for, in bytes.
@@ -54,6 +54,8 @@ class InfeasibleBudget(ValueError):
       strategy: what the smallest measured point does, in words (e.g. ```full` on every
         scan``), or None when no point was measured.
     """
+
+    __module__ = "remat"  # printed in tracebacks as remat.InfeasibleBudget, its public name
 
     def __init__(
         self,
@@ -91,7 +93,8 @@ class PlanStats:
         program was planned before in this process, and each verified round); a load from
         JAX's persistent compilation cache counts as one.
       scan_compiles: compiles of one scan on its own (calibration and candidate checks).
-      compile_seconds: seconds spent compiling, both kinds.
+      compile_seconds: seconds spent compiling, both kinds, summed over compiles; compiles
+        run side by side in threads, so this may exceed ``seconds``.
       seconds: the plan's wall time, from the call to the result.
     """
 

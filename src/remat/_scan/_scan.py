@@ -278,6 +278,8 @@ def _nested_scan(step, init, xs, n, lengths, reverse, unroll=1, split_transpose=
     inner = lengths[1:]
     block = math.prod(inner)
     full, rest = divmod(n, block)
+    if not full:  # fewer steps than one block: the inner levels alone run them
+        return _nested_scan(step, init, xs, n, inner, reverse, unroll, split_transpose)
 
     def run_block(size):
         def body(carry, xb):

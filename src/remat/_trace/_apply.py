@@ -228,7 +228,7 @@ def _warn_kept(traced: _Traced, select, sites, name: str, strategy: Strategy) ->
     if kept:
         listed = ", ".join(
             f"{i.position}" + (f" ({i.name})" if i.name else "")
-            + (f" at {i.source.rsplit('/', 1)[-1]}" if i.source else "")
+            + (f" at {i.source}" if i.source else "")
             for i in kept
         )  # fmt: skip
         what = f"scan{'s' if len(kept) > 1 else ''} {listed}"

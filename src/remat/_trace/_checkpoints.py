@@ -18,7 +18,7 @@ import jax
 from jax.extend import core as jcore
 
 from ._jaxpr_walk import library_dirs
-from ._scan_info import _source
+from ._scan_info import _frame, _source
 
 _REMAT = ("remat2", "checkpoint", "remat")
 
@@ -237,10 +237,10 @@ def _policy_text(policy: Any) -> str:
 def _user_source(eqn: Any, outer: str) -> str:
     """The equation's source line, or ``outer`` (the enclosing equation's) where every frame
     is a library's (a `flax.linen.remat` inside `flax.linen.scan` is traced in flax)."""
-    where = _source(eqn)
-    if not where or where.startswith(library_dirs(("flax", "equinox"))):
+    frame = _frame(eqn)
+    if frame is None or frame.file_name.startswith(library_dirs(("flax", "equinox"))):
         return outer
-    return where.rsplit("/", 1)[-1]
+    return _source(eqn)
 
 
 def checkpoint_sites(jaxpr: Any, outer: str = "") -> tuple[Site, ...]:

@@ -13,7 +13,7 @@ from ._scan_info import _source
 
 def _where(e) -> str:
     src = _source(e)
-    return f" ({src.rsplit('/', 1)[-1]})" if src else ""
+    return f" ({src})" if src else ""
 
 
 def _describe(a, b) -> str:

@@ -21,7 +21,7 @@ import jax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
-from ._jaxpr_walk import library_dirs
+from ._jaxpr_walk import display_path, library_dirs
 
 _P = jcore.primitives
 
@@ -79,12 +79,19 @@ def scopes(eqn) -> tuple[str, ...]:
     )
 
 
-def _source(eqn) -> str:
+def _frame(eqn):
+    """The innermost user frame of ``eqn`` outside flax and equinox (else inside), or None."""
     frames = list(source_info_util.user_frames(eqn.source_info.traceback))
     library = library_dirs(("flax", "equinox"))
     outside = [f for f in frames if not f.file_name.startswith(library)]
-    frame = (outside or frames or [None])[0]
-    return "" if frame is None else f"{frame.file_name}:{frame.start_line}"
+    return (outside or frames or [None])[0]
+
+
+def _source(eqn) -> str:
+    """``"file.py:12"``, the file relative to the working directory where it lies below it
+    (as everywhere remat shows a source line), ``""`` if unknown."""
+    frame = _frame(eqn)
+    return "" if frame is None else f"{display_path(frame.file_name)}:{frame.start_line}"
 
 
 def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
