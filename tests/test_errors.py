@@ -569,7 +569,9 @@ def test_a_traced_bool_in_an_equinox_module_raises_jaxs_error_not_an_internal_on
     for call in (
         lambda: remat.plan(flagged_loss, model, jnp.ones(3), budget="50%", verbose=False),
         lambda: remat.compare(flagged_loss, model, jnp.ones(3), strategies=["full"]),
-        lambda: plan_budgets(flagged_loss, model, jnp.ones(3), budgets=["50%"], verbose=False),
+        lambda: remat.plan_budgets(
+            flagged_loss, model, jnp.ones(3), budgets=["50%"], verbose=False
+        ),
         lambda: remat.measure(flagged_loss, model, jnp.ones(3), repeats=0),
     ):
         with pytest.raises(jax.errors.TracerBoolConversionError, match=r"model\.train"):
