@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._core._dtypes import dtype_of, is_float
+from .._core._dtypes import dtype_of
 from .._core._strategy import as_strategy
 from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
@@ -36,44 +36,14 @@ from .._trace._checkpoints import (
     traced_dot_flops,
 )
 from .._trace._eqx import with_modules_split
+from ._checks import _check_args, _check_scalar
 from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, compiled_platform, peak_bytes
 from ._residuals import saved_residuals
-from ._step import Step, argnums_of, as_step, grad_step, loss_of, lower_step, time_step
+from ._step import Step, as_step, grad_step, loss_of, lower_step, time_step
 
 _NOT_CALLABLE = "`remat.measure` got fn={got!r}, which is not callable; pass the loss function."
-_NOT_ARRAY = (
-    "`remat.measure` got an argument leaf of type {kind} at {path}; every argument must be a "
-    "pytree of arrays (jax.Array, numpy arrays or Python numbers). Close over other values "
-    "with `functools.partial` or a lambda."
-)
-_NOT_FLOAT = (
-    "`remat.measure` differentiates argument(s) argnums={argnums}, but they have no "
-    "floating-point leaf (the leaf at {path} has dtype {dtype}); gradients need "
-    "floating-point inputs. Pass the parameters in `argnums`; integer leaves and PRNG keys "
-    "are treated as constants."
-)
-_NOT_SCALAR = (
-    "`remat.measure` needs a scalar-valued (loss) function, but fn returned {got}. Reduce the "
-    "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
-)
-_NOT_PAIR = (
-    "`remat.measure` got has_aux=True, so fn must return a pair (loss, aux), as for "
-    "`jax.value_and_grad(..., has_aux=True)`; it returned {got}."
-)
-_ABSTRACT_TIMED = (
-    "`remat.measure` got a `jax.ShapeDtypeStruct` at {path} with repeats={repeats}; abstract "
-    "arguments can be compiled and measured but not run. Pass repeats=0, or real arrays."
-)
-_BAD_ARGNUMS = (
-    "`remat.measure` got argnums={argnums!r} for {n} positional argument(s); pass an int or a "
-    "tuple of ints in range(0, {n}), as for `jax.grad`."
-)
-_REPEATED_ARGNUMS = (
-    "`remat.measure` got argnums={argnums!r}, which names argument {dup} more than once; each "
-    "argument is differentiated once. Pass each position once, e.g. argnums={fix!r}."
-)
 _BAD_REPEATS = "`remat.measure` got repeats={got!r}; pass an int >= 0 (0 skips timing)."
 _ELIMINATED = (
     "`remat.measure`: the checkpoints in {name} ask for recomputation, but the compiled program "
@@ -106,7 +76,6 @@ _CAUSE_OTHER = (
     "Cause: XLA's common-subexpression elimination merged the recomputation with the forward "
     "pass (a checkpoint outside a loop is not protected from it)."
 )
-_SCALARS = (int, float, complex, bool, np.generic, np.ndarray, jax.Array)
 
 # Compiled (FLOPs, peak bytes) of plain gradient steps and FLOPs of forward passes, so that
 # measuring several strategies of one function (as `remat.compare` does) compiles the plain twin
@@ -120,7 +89,7 @@ def _memo_key(fn: Any, argnums: Any, args: Sequence[Any]) -> tuple[Any, ...] | N
     leaves, treedef = jax.tree_util.tree_flatten(args)
     # Shardings too: the same shapes compile differently on a mesh, or for a `remat.Target`.
     avals = tuple(
-        (tuple(np.shape(x)), str(_dtype(x)), str(getattr(x, "sharding", None))) for x in leaves
+        (tuple(np.shape(x)), str(dtype_of(x)), str(getattr(x, "sharding", None))) for x in leaves
     )
     key = (fn, argnums, jax.default_backend(), treedef, avals)
     try:
@@ -219,84 +188,6 @@ def build_measurement(
         plain_flops=plain_flops,
         plain_peak_bytes=plain_peak_bytes,
     )
-
-
-### Validation
-
-
-def _dtype(leaf: Any) -> Any:
-    return dtype_of(leaf)
-
-
-def _check_args(
-    args: Sequence[Any], argnums: Any, repeats: int, where: str = "remat.measure"
-) -> tuple[int, ...]:
-    try:
-        return _check_args_of(args, argnums, repeats)
-    except (TypeError, ValueError) as err:
-        raise type(err)(str(err).replace("`remat.measure`", f"`{where}`")) from None
-
-
-def _check_args_of(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
-    argnums = argnums_of(argnums)
-    n = len(args)
-    argnums_t = (argnums,) if isinstance(argnums, int) else argnums
-    if (
-        not isinstance(argnums_t, tuple | list)
-        or not argnums_t
-        or any(isinstance(a, bool) or not isinstance(a, int) or not 0 <= a < n for a in argnums_t)
-    ):
-        raise ValueError(_BAD_ARGNUMS.format(argnums=argnums, n=n))
-    repeated = [a for i, a in enumerate(argnums_t) if a in argnums_t[:i]]
-    if repeated:
-        fix = tuple(dict.fromkeys(argnums_t))
-        fix = fix[0] if len(fix) == 1 else fix
-        raise ValueError(_REPEATED_ARGNUMS.format(argnums=argnums, dup=repeated[0], fix=fix))
-    for path, leaf in jax.tree_util.tree_leaves_with_path(args):
-        where = "args" + jax.tree_util.keystr(path)
-        if isinstance(leaf, jax.ShapeDtypeStruct):
-            if repeats:
-                raise TypeError(_ABSTRACT_TIMED.format(path=where, repeats=repeats))
-        elif not isinstance(leaf, _SCALARS):
-            raise TypeError(_NOT_ARRAY.format(kind=type(leaf).__name__, path=where))
-    # Only floating-point leaves are differentiated (see `_step.grad_step`); integer leaves
-    # and PRNG keys are constants. Differentiating nothing at all is a mistake.
-    diff = [
-        (f"args[{i}]" + jax.tree_util.keystr(path), _dtype(leaf))
-        for i in argnums_t
-        for path, leaf in jax.tree_util.tree_leaves_with_path(args[i])
-    ]
-    if diff and not any(is_float(dtype) for _, dtype in diff):
-        where, dtype = diff[0]
-        raise TypeError(_NOT_FLOAT.format(argnums=argnums, path=where, dtype=dtype))
-    return tuple(argnums_t)
-
-
-def _check_scalar(
-    fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False, where: str = "remat.measure"
-) -> None:
-    try:
-        _check_scalar_of(fn, args, has_aux)
-    except ValueError as err:
-        raise ValueError(str(err).replace("`remat.measure`", f"`{where}`")) from None
-
-
-def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> None:
-    out = jax.eval_shape(fn, *args)
-    if has_aux:
-        if not isinstance(out, tuple | list) or len(out) != 2:
-            got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
-            raise ValueError(_NOT_PAIR.format(got=got))
-        out = out[0]
-    leaves = jax.tree_util.tree_leaves(out)
-    if (
-        len(leaves) != 1
-        or not isinstance(out, jax.ShapeDtypeStruct)
-        or out.shape != ()
-        or not jax.dtypes.issubdtype(out.dtype, np.floating)  # bfloat16, float16 included
-    ):
-        got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
-        raise ValueError(_NOT_SCALAR.format(got=got))
 
 
 ### Main API
