@@ -97,7 +97,7 @@ def parse_argnums(text: str) -> int | tuple[int, ...]:
 
 
 def register(subparsers) -> None:
-    from ._target import add_compile_target
+    from ._target import add_compile_target, add_step_arguments
 
     parser = subparsers.add_parser(
         "compare",
@@ -115,12 +115,7 @@ def register(subparsers) -> None:
         "(use ';' to separate them if a name could be mistaken for a strategy)",
     )
     parser.add_argument("--baseline", default="none", help="strategy compared with (default none)")
-    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
-    parser.add_argument(
-        "--has-aux",
-        action="store_true",
-        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
-    )
+    add_step_arguments(parser)
     parser.add_argument(
         "--repeats",
         type=int,

@@ -11,7 +11,7 @@ MIB = 2.0**20
 
 
 def register(subparsers) -> None:
-    from ._target import add_compile_target
+    from ._target import add_compile_target, add_step_arguments
 
     parser = subparsers.add_parser(
         "measure",
@@ -22,12 +22,7 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument("target", metavar="FILE_OR_MODULE:FACTORY")
-    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
-    parser.add_argument(
-        "--has-aux",
-        action="store_true",
-        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
-    )
+    add_step_arguments(parser)
     parser.add_argument("--strategy", default=None, help="apply this strategy first (e.g. full)")
     parser.add_argument(
         "--repeats",

@@ -8,6 +8,8 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
+    from ._target import add_step_arguments
+
     parser = subparsers.add_parser(
         "memory",
         help="show what is live at the compiled step's peak, and its memory over time",
@@ -19,12 +21,7 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument("target", metavar="FILE_OR_MODULE:FACTORY")
-    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
-    parser.add_argument(
-        "--has-aux",
-        action="store_true",
-        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
-    )
+    add_step_arguments(parser)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--strategy", default=None, help="also show this strategy (e.g. full)")
     group.add_argument("--plan", type=Path, default=None, help="also show this plan file")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
-    from ._target import add_compile_target
+    from ._target import add_compile_target, add_step_arguments
 
     parser = subparsers.add_parser(
         "plan",
@@ -25,12 +25,7 @@ def register(subparsers) -> None:
         help="bytes (6000000), a size ('6GiB', '512MiB') or a fraction of the "
         "un-checkpointed peak ('50%%', 0.5)",
     )
-    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
-    parser.add_argument(
-        "--has-aux",
-        action="store_true",
-        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
-    )
+    add_step_arguments(parser)
     parser.add_argument(
         "--out", type=Path, default=Path("remat-plan"), help="directory for plan.json"
     )

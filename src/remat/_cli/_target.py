@@ -115,6 +115,17 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return result
 
 
+def add_step_arguments(parser: Any) -> None:
+    """``--argnums`` and ``--has-aux``: which arguments the step differentiates, and whether
+    the loss returns ``(loss, aux)``, as `jax.value_and_grad` takes them."""
+    parser.add_argument("--argnums", default="0", help="arguments to differentiate (default 0)")
+    parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
+
+
 def add_compile_target(parser: Any) -> None:
     """``--target NAME``: compile for a TPU slice (`remat.Target`) instead of this machine."""
     parser.add_argument(
