@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from .._core._dtypes import dtype_of, is_float
+from .._core._errors import renamed
 from ._step import argnums_of
 
 _NOT_ARRAY = (
@@ -59,7 +60,7 @@ def _check_args(
     try:
         return _check_args_of(args, argnums, repeats)
     except (TypeError, ValueError) as err:
-        raise type(err)(str(err).replace("`remat.measure`", f"`{where}`")) from None
+        raise renamed(err, "`remat.measure`", f"`{where}`")  # noqa: B904 (`renamed` chains)
 
 
 def _check_args_of(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int, ...]:
@@ -103,7 +104,7 @@ def _check_scalar(
     try:
         _check_scalar_of(fn, args, has_aux)
     except ValueError as err:
-        raise ValueError(str(err).replace("`remat.measure`", f"`{where}`")) from None
+        raise renamed(err, "`remat.measure`", f"`{where}`")  # noqa: B904 (`renamed` chains)
 
 
 def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> None:
