@@ -115,6 +115,36 @@ def test_planned_whole_at_50_and_35_percent_with_equinox_gradients(tmp_path):
     assert_tree_allclose(eqx.filter_value_and_grad(applied)(model, x, key), want)
 
 
+def test_plan_step_is_equinox_own_optax_step():
+    """`Plan.step` takes the module whole and ``opt_state`` as Equinox makes it; one step
+    equals Equinox's own loop (``filter_value_and_grad``, ``tx.update`` on
+    ``eqx.filter(model, eqx.is_inexact_array)``, ``eqx.apply_updates``): bools and rates
+    static, the int leaf traced and left as it is."""
+    optax = pytest.importorskip("optax")
+    tx = optax.adam(1e-2)
+    model, x, key = make(layers=4, tokens=128)
+    plan = remat.plan(loss, model, x, key, budget="80%", optimizer=tx, verbose=False)
+    assert plan.rolled
+
+    def own_step(model, opt_state):
+        value, grads = eqx.filter_value_and_grad(loss)(model, x, key)
+        updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        return eqx.apply_updates(model, updates), opt_state, value
+
+    state = tx.init(eqx.filter(model, eqx.is_inexact_array))
+    want_model, want_state, want_value = own_step(model, state)
+    copy = lambda t: jax.tree_util.tree_map(lambda a: jnp.copy(a) if eqx.is_array(a) else a, t)  # noqa: E731
+    got_model, got_state, got_value = plan.step(copy(model), copy(state), x, key)  # donated
+    assert isinstance(got_model, Model) and got_model.blocks[0].drop.p == 0.1
+    arrays = lambda m: eqx.filter(m, eqx.is_array)  # noqa: E731
+    assert_tree_allclose(
+        (arrays(got_model), got_state, got_value), (arrays(want_model), want_state, want_value)
+    )
+    assert int(got_model.steps) == 0  # the int leaf passes through
+    again = plan.step(got_model, got_state, x, key)  # the same compiled step, no retrace error
+    assert_tree_allclose(again[2], own_step(want_model, want_state)[2])
+
+
 def test_cli_measures_an_equinox_target(tmp_path, capsys):
     from remat._cli._cli import main
 

@@ -89,6 +89,26 @@ def loss_of(fn: Callable[..., Any], spec: Step | bool) -> Callable[..., Any]:
     return loss
 
 
+def floating(tree: Any) -> Any:
+    """``tree`` with its floating-point leaves only (others ``None``): what the optimizer
+    updates. Integer leaves and PRNG keys stay as they are, as ``eqx.apply_updates`` leaves
+    them; for a tree of floating-point arrays, the tree itself.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from remat._measure._step import floating
+      >>> floating({"w": jnp.ones(2), "step": jnp.zeros((), jnp.int32)})["step"] is None
+      True
+    """
+    from .._core._dtypes import is_float
+
+    def keep(x: Any) -> Any:
+        dtype = getattr(x, "dtype", None)
+        return x if dtype is not None and is_float(dtype) else None
+
+    return jax.tree_util.tree_map(keep, tree)
+
+
 def train_step(
     fn: Callable[..., Any], optimizer: Any, argnums: int = 0, has_aux: bool = False
 ) -> Callable[..., Any]:
@@ -97,7 +117,9 @@ def train_step(
     ``params`` is ``fn``'s argument ``argnums``; ``rest`` are its other arguments, in order.
     ``value`` is the loss (``(loss, aux)`` with ``has_aux``), as `jax.value_and_grad` returns
     it. Equal to optax's own step: ``tx.update(grads, opt_state, params)`` then
-    ``optax.apply_updates``.
+    ``optax.apply_updates``, on the floating-point leaves of ``params`` (`floating`;
+    ``opt_state`` is ``tx.init(floating(params))``, which is ``tx.init(params)`` when every
+    leaf is floating point); integer leaves and keys pass through unchanged.
     """
     import optax
 
@@ -105,8 +127,80 @@ def train_step(
         args = list(rest)
         args.insert(argnums, params)
         value, grads = grad_step(fn, argnums, has_aux)(*args)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
+        trained = floating(params)
+        updates, opt_state = optimizer.update(floating(grads), opt_state, trained)
+        trained = optax.apply_updates(trained, updates)
+        params = jax.tree_util.tree_map(
+            lambda p, t: p if t is None else t, params, trained, is_leaf=lambda x: x is None
+        )
+        return params, opt_state, value
+
+    return step
+
+
+class _Static:
+    """The non-array leaves of Equinox-module arguments (`eqx.partition`'s static half),
+    hashable by their tree structure and leaves, as `jax.jit`'s static arguments must be (a
+    module with a list field is not hashable itself)."""
+
+    def __init__(self, tree: Any):
+        self.leaves, self.treedef = jax.tree_util.tree_flatten(tree)
+
+    def tree(self) -> Any:
+        return jax.tree_util.tree_unflatten(self.treedef, self.leaves)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Static)
+            and self.treedef == other.treedef
+            and len(self.leaves) == len(other.leaves)
+            and all(a is b or a == b for a, b in zip(self.leaves, other.leaves, strict=True))
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.treedef, tuple(self.leaves)))
+
+
+def jitted_train_step(
+    fn: Callable[..., Any], optimizer: Any, argnums: int = 0, has_aux: bool = False
+) -> Callable[..., Any]:
+    """`train_step` under `jax.jit`, with ``params`` and ``opt_state`` donated.
+
+    Arguments that hold Equinox modules are split as ``eqx.filter_jit`` splits them: arrays
+    traced, every other leaf (a dropout's ``inference`` bool, its rate, activation functions)
+    static. ``opt_state`` is the one Equinox's own loops make,
+    ``tx.init(eqx.filter(model, eqx.is_inexact_array))`` (``eqx.is_array`` gives the same
+    state for a model whose arrays are all floating point); the module comes back whole.
+    """
+    plain = jax.jit(train_step(fn, optimizer, argnums, has_aux), donate_argnums=(0, 1))
+
+    def on_arrays(params: Any, opt_state: Any, rest: Any, static: _Static) -> Any:
+        import equinox as eqx
+
+        p_static, r_static = static.tree()
+
+        def loss(*args: Any) -> Any:
+            args = list(args)
+            args[argnums] = eqx.combine(args[argnums], p_static)
+            return fn(*args)
+
+        rest = eqx.combine(rest, r_static)
+        return train_step(loss, optimizer, argnums, has_aux)(params, opt_state, *rest)
+
+    split = jax.jit(on_arrays, static_argnums=(3,), donate_argnums=(0, 1))
+
+    def step(params: Any, opt_state: Any, *rest: Any) -> tuple[Any, Any, Any]:
+        from .._trace._eqx import has_modules
+
+        if not has_modules((params, rest)):
+            return plain(params, opt_state, *rest)
+        import equinox as eqx
+
+        arrays, p_static = eqx.partition(params, eqx.is_array)
+        r_arrays, r_static = eqx.partition(rest, eqx.is_array)
+        static = _Static((p_static, r_static))
+        arrays, opt_state, value = split(arrays, opt_state, r_arrays, static)
+        return eqx.combine(arrays, p_static), opt_state, value
 
     return step
 
@@ -114,7 +208,8 @@ def train_step(
 def _train_args(args: Sequence[Any], step: Step, concrete: bool) -> tuple[Any, ...]:
     params = args[step.argnums]
     init = step.optimizer.init
-    opt_state = init(params) if concrete else jax.eval_shape(init, params)
+    trained = floating(params)
+    opt_state = init(trained) if concrete else jax.eval_shape(init, trained)
     rest = [a for i, a in enumerate(args) if i != step.argnums]
     return (params, opt_state, *rest)
 

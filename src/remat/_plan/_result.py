@@ -165,16 +165,17 @@ class Plan:
         -> (params, opt_state, loss)`` (``loss`` is ``(loss, aux)`` with ``has_aux``), with
         ``fn`` checkpointed as planned and ``params``/``opt_state`` donated. ``rest`` are
         ``fn``'s other arguments, in order. Equal to optax's own step on the plain loss.
+        An Equinox model is passed whole, with ``opt_state`` made as Equinox makes it:
+        ``tx.init(eqx.filter(model, eqx.is_array))``.
 
         Raises:
           ValueError: for a plan made without ``optimizer=``.
         """
         if self.optimizer is None:
             raise ValueError(_NO_OPTIMIZER)
-        from .._measure._step import train_step
+        from .._measure._step import jitted_train_step
 
-        train = train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
-        return jax.jit(train, donate_argnums=(0, 1))
+        return jitted_train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
 
     @functools.cached_property
     def policy(self) -> Any:
