@@ -64,6 +64,10 @@ def test_plain_jax_transformer_at_50_and_35_percent():
         assert isinstance(plan, remat.Plan), plan
         assert_plan(plan, transformer, layers, X)
     assert third.measured_peak_bytes <= 0.35 * third.baseline_peak_bytes + 1
+    # the explanation says the layers were rolled, and how to run the plan on the loop
+    text = half.explain()
+    assert "rolled into scans" in text and "remat.apply(loss_fn, plan)" in text
+    assert ("In your own scan" in text) is False
 
 
 def test_fits_as_written_keeps_it_as_written():

@@ -107,6 +107,11 @@ def plan_table(plan: Any) -> Group:
         )
     if devices > 1:  # an SPMD program: shapes are global, bytes and peaks are one device's
         lines.append(f"per device      memory of one of {devices} devices; shapes are global")
+    if getattr(plan, "rolled", False):
+        lines.append(
+            "rolled          the program's repeated layers (a Python loop) were rolled into "
+            "scans to plan them; remat.apply(loss_fn, plan) rolls them the same way"
+        )
     if written:
         lines.append(
             "as written      the program checkpoints already: " + "; ".join(written)
@@ -136,13 +141,25 @@ def paste_code(plan: Any) -> str:
     """The code that reproduces the plan in the user's own scan, with `plan.policy`."""
     from ._policy import unnamed
 
-    lines = [
-        "",
-        "In your own scan: checkpoint the step with the plan's policy,",
-        "    jax.checkpoint(step, policy=plan.policy, prevent_cse=False)",
-        "    # flax: nn.remat(Block, policy=plan.policy, prevent_cse=False) inside nn.scan;",
-        "    #       nnx.remat(step, policy=plan.policy, prevent_cse=False) inside nnx.scan",
-    ]
+    if getattr(plan, "rolled", False):
+        lines = [
+            "",
+            "Your layers run in a Python loop; remat rolled them into a scan to plan them. To",
+            "train with the plan, remat.apply(loss_fn, plan) rolls them the same way. Or keep",
+            "the loop and checkpoint each layer with the plan's policy,",
+            "    jax.checkpoint(layer, policy=plan.policy, prevent_cse=False)",
+            "    # flax: nn.remat(Block, policy=plan.policy, prevent_cse=False)",
+            "which keeps the same values per layer on GPU and TPU (on the CPU backend XLA undoes",
+            "checkpoints outside loops, so there the loop keeps every value).",
+        ]
+    else:
+        lines = [
+            "",
+            "In your own scan: checkpoint the step with the plan's policy,",
+            "    jax.checkpoint(step, policy=plan.policy, prevent_cse=False)",
+            "    # flax: nn.remat(Block, policy=plan.policy, prevent_cse=False) inside nn.scan;",
+            "    #       nnx.remat(step, policy=plan.policy, prevent_cse=False) inside nnx.scan",
+        ]
     named = sorted({v.user_name for s in plan.scans for v in s.saved if v.user_name})
     if named:
         lines.append(f"It saves your names {', '.join(map(repr, named))} by name.")
