@@ -352,7 +352,7 @@ def remat_at_fraction(loss, args, base: remat.Measurement, fraction: float, repe
 
 
 # Budgets tried per torch point of the equal-bytes table (`remat_at_saved`).
-SAVED_TRIES = 5
+SAVED_TRIES = 8
 
 
 def remat_at_saved(loss, args, base: remat.Measurement, target: int) -> dict:

@@ -59,6 +59,48 @@ def policies(pattern: Sequence[Sequence[str]]) -> tuple[Any, ...]:
     return tuple(jax.checkpoint_policies.save_only_these_names(*names) for names in pattern)
 
 
+def ordered(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step(consts, carry, gx)`` with its backward pass held until its cotangent arrives.
+
+    The positions of a group are not loops of their own, so nothing orders their
+    recomputations in the group's backward pass, and XLA ran them all first: every
+    position's recomputed values live at once (on the demo GPT, a group of 2 layers saving
+    the same values as the uniform scan peaked 16 MiB higher, one of 4 layers 49 MiB). Here
+    each residual that is not a parameter (``consts``, ``gx``) is made to depend on the
+    incoming cotangent (plus zero times a bounded scalar of it, which XLA does not fold), so
+    a position recomputes only once the position after it is differentiated.
+    """
+    inputs: dict[str, tuple[bool, ...]] = {}
+
+    @jax.custom_vjp
+    def run(consts, carry, gx):
+        return step(consts, carry, gx)
+
+    def fwd(consts, carry, gx):
+        out, vjp = jax.vjp(step, consts, carry, gx)
+        params = {id(x) for x in jax.tree.leaves((consts, gx))}
+        inputs["params"] = tuple(id(x) in params for x in jax.tree.leaves(vjp))
+        return out, vjp
+
+    def bwd(vjp, ct):
+        leaves, tree = jax.tree.flatten(vjp)
+        floats = [c for c in jax.tree.leaves(ct) if _floating(c) and c.size]
+        if floats:
+            zero = 0 * jnp.minimum(jnp.abs(floats[0].ravel()[0]), 1)
+            leaves = [
+                x if param or not _floating(x) else x + zero.astype(x.dtype)
+                for x, param in zip(leaves, inputs["params"], strict=True)
+            ]
+        return jax.tree.unflatten(tree, leaves)(ct)
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
+def _floating(x: Any) -> bool:
+    return jnp.issubdtype(getattr(x, "dtype", None) or jnp.int32, jnp.inexact)
+
+
 def periodic_loop(
     body: Body,
     pattern: Sequence[Sequence[str]],
@@ -100,7 +142,7 @@ def periodic_loop(
         return lambda consts, carry, gx: body(consts, carry, [x[k] for x in gx])
 
     steps = [
-        jax.checkpoint(at(k), policy=policy, prevent_cse=False)
+        ordered(jax.checkpoint(at(k), policy=policy, prevent_cse=False))
         for k, policy in enumerate(policies(pattern))
     ]
     grouped = [jnp.reshape(x, (length // g, g, *x.shape[1:])) for x in xs]
