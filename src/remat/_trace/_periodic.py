@@ -4,9 +4,11 @@ A scan of ``L`` steps whose layer ``i`` saves ``pattern[i % g]`` runs as a scan 
 groups whose body runs the ``g`` layers of a group one after another, each checkpointed with
 its own ``save_only_these_names`` policy. The scanned inputs are reshaped from ``(L, ...)`` to
 ``(L / g, g, ...)``, and the stacked outputs back: both are bitcasts of contiguous arrays, so
-XLA copies nothing (with the same save set at every position, the compiled peak equals the
-uniform scan's, which `tests/_trace/test_periodic.py` checks exactly). This is torchtitan's
-"checkpoint every Nth block" generalised to any save set per position.
+XLA copies nothing. With the same save set at every position the compiled peak exceeds the
+uniform scan's by the parameter gradients of ``g - 1`` layers (a position's gradients live
+until the group is differentiated), the same at any ``L``: `tests/_trace/test_periodic.py`
+checks it. The positions of a group are made to recompute one at a time (`ordered`). This
+is torchtitan's "checkpoint every Nth block" generalised to any save set per position.
 
 ``g`` divides ``L``. The other forms measured copy or keep more: a remainder scan over the
 last ``L mod g`` layers needs the stacked inputs sliced into two arrays (a copy of each
@@ -15,8 +17,9 @@ parameter stack: 7.8 MiB on the demo GPT), and choosing the save set inside one 
 ``cond`` saves the union of its branches' residuals).
 
 The body holds ``g`` copies of the layer, so compile time grows with ``g``: periods stop at
-`MAX_PERIOD`, and the planner offers fewer (`remat._plan._perlayer.PLANNED_PERIOD`: each
-period also grows its integer program).
+`MAX_PERIOD` (the planner offers the same, `remat._plan._perlayer.PLANNED_PERIOD`). The
+positions' custom VJP (`ordered`) supports reverse-mode differentiation only, as a
+checkpointed training step needs.
 """
 
 from __future__ import annotations
