@@ -150,3 +150,23 @@ def test_a_mix_between_two_uniform_plans_is_chosen_by_the_solver():
     assert s.slice_bytes == 4 and s.saved_bytes == 16
     s = solve([value], budget_bytes=32 + 4, options=[every, mix], slice_weight=1.0)
     assert s.options == (0,) and s.recompute_flops == 0.0  # room for the uniform plan
+
+
+def test_a_mix_not_checked_alone_is_charged_its_siblings_extra():
+    """What a group body keeps beyond the model, measured on mixes of one scan and period,
+    is charged (their mean) to that period's mixes not yet checked; not to another period's,
+    another scan's, or a uniform option."""
+    from remat._plan._options import Candidate
+    from remat._plan._perlayer import shared_extra
+    from remat._trace._periodic import Period
+
+    def mix(scan, g):
+        return Candidate(scan, Period(g), Option(group=scan), (), False, (frozenset(),) * g)
+
+    cands = [Candidate(0, "per_step", Option(group=0), (), False),
+             mix(0, 2), mix(0, 2), mix(0, 2), mix(0, 4), mix(1, 2)]  # fmt: skip
+    extra = {1: 100.0, 2: 300.0}
+    assert shared_extra(cands, extra, 3) == 200.0
+    assert shared_extra(cands, extra, 4) is None  # period 4: nothing measured
+    assert shared_extra(cands, extra, 5) is None  # another scan
+    assert shared_extra(cands, extra, 0) is None  # uniform: charged its own
