@@ -46,7 +46,7 @@ def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float
     stored = sum(nodes[i].bytes * nodes[i].multiplicity for i in saved) + cand.option.bytes
     sliced = sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1) + cand.option.sliced
     live = materialised(nodes, frozenset(i for i in block if i in solution.recomputed))
-    groups: dict[int, float] = {}  # one per position of a per-layer option, else one
+    groups: dict[int, float] = {}  # one per option's graph
     for i in live:
         if nodes[i].needed:
             groups[nodes[i].group] = groups.get(nodes[i].group, 0.0) + nodes[i].bytes

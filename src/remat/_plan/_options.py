@@ -117,7 +117,7 @@ def assemble(cands: Sequence[Candidate]) -> tuple[list[Node], list[Option], list
                     node,
                     inputs=tuple(base + u for u in node.inputs),
                     option=o,
-                    group=o + len(cands) * node.group,  # a per-layer option's positions
+                    group=o,  # one step of the scan is differentiated at a time
                 )
             )
     return nodes, [c.option for c in cands], offsets
