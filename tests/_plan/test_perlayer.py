@@ -47,8 +47,10 @@ def test_a_budget_between_uniform_levels_gets_a_per_layer_plan(stack, planned):
     recomputing = scan.pattern.count(()) / g
     assert planned.flops_ratio - 1 == pytest.approx(recomputing * (nothing.flops_ratio - 1))
     assert planned.flops_ratio < nothing.flops_ratio
+    # Saving the value in every layer does not fit this budget: the mix beats both uniform
+    # plans there.
     every = remat.plan(loss, *args, budget="100%", per_layer=False)
-    assert planned.measured_peak_bytes < every.measured_peak_bytes
+    assert every.scans[0].names and every.measured_peak_bytes > planned.budget_bytes
     assert_tree_allclose(jax.grad(planned.fn)(*args), jax.grad(loss)(*args))
 
 
