@@ -20,7 +20,8 @@ compiling, ``plan.solve_seconds``,
 ``plan.rounds``, ``plan.predicted_peak_bytes`` and ``plan.measured_peak_bytes``.
 
 Usage:
-  PYTHONPATH=src python benchmarks/maxtext_presets.py [--quick] [--no-schedules] [--no-write]
+  PYTHONPATH=src python benchmarks/maxtext_presets.py [--quick] [--no-schedules] [--per-layer]
+      [--no-write]
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from remat._plan import _memo
 from remat._plan._compile import STEP, tally
 
 MARKERS = ("<!-- maxtext:start -->", "<!-- maxtext:end -->")
+# `remat.plan(..., per_layer=...)` for every plan (``--per-layer``).
+PER_LAYER = False
 
 ### Running
 
@@ -96,7 +99,8 @@ def plan_at(loss, args, budget: int, schedules: bool, repeats: int) -> dict:
     steps = tally()[0].get(STEP, 0)
     with count_compiles() as log:
         try:
-            plan = remat.plan(loss, *args, budget=budget, schedules=schedules)
+            plan = remat.plan(loss, *args, budget=budget, schedules=schedules,
+                              per_layer=PER_LAYER)  # fmt: skip
         except remat.InfeasibleBudget as err:
             return dict(budget=budget, error=err, wall=time.perf_counter() - start,
                         compiles=len(log.seconds), compile_seconds=log.total_seconds,
@@ -236,6 +240,7 @@ def losses(result: dict) -> list[str]:
 
 def section(result: dict, sizes: dict, wall: float, quick: bool, schedules: bool) -> str:
     flag = (" --quick" if quick else "") + ("" if schedules else " --no-schedules")
+    flag += " --per-layer" if PER_LAYER else ""
     if quick and any(r["label"].startswith("halfway") for r in result["rows"]):
         flag += " --midpoints"
     rows = result["rows"]
@@ -267,7 +272,8 @@ def section(result: dict, sizes: dict, wall: float, quick: bool, schedules: bool
         "Presets: `remat.measure` (compiled peak: XLA's memory analysis, on CPU temp + "
         "arguments + outputs − aliased; FLOPs: matmuls of the optimised HLO with trip counts; "
         "ms/step: median after a warm-up, noisy under the load above). Plans: "
-        f"`remat.plan(loss, params, tokens, budget=B{'' if schedules else ', schedules=False'})`"
+        f"`remat.plan(loss, params, tokens, budget=B{'' if schedules else ', schedules=False'}"
+        f"{', per_layer=True' if PER_LAYER else ''})`"
         " on the decoder without `nn.remat` (the planner decides what each layer saves), at "
         "each distinct preset peak and halfway between consecutive ones, each from scratch "
         "(nothing remembered from the plan before: the baseline compile is in every row); "
@@ -303,9 +309,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --quick: also plan halfway between the peaks")  # fmt: skip
     parser.add_argument("--no-schedules", action="store_true",
                         help="plan per-step save sets only (`schedules=False`)")  # fmt: skip
+    parser.add_argument("--per-layer", action="store_true",
+                        help="plan with per-layer save sets (`per_layer=True`)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=None, help="timed steps (0: no timing)")
     parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
     args = parser.parse_args(argv)
+    global PER_LAYER
+    PER_LAYER = args.per_layer
     sizes = QUICK if args.quick else FULL
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 3)
     schedules = not args.no_schedules

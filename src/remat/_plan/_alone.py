@@ -13,13 +13,27 @@ from ._calibrate import Prepared
 from ._memo import Knowledge
 from ._milp import Option, Solution, materialised
 from ._options import Choice, alone_key
+from ._perlayer import shared_extra
+
+# A per-layer option charged its sibling's extra memory (`_perlayer.shared_extra`) is solved
+# again, once checked alone, when its own differs by more than this fraction of the scan's.
+RECHARGE = 0.01
 
 
 def charged_options(prep: Prepared, know: Knowledge) -> tuple[Option, ...]:
     return tuple(
-        charge(option, know.option_extra.get(o, 0.0), prep.stored, prep.weight)
+        charge(option, _extra(prep, know, o), prep.stored, prep.weight)
         for o, option in enumerate(prep.options)
     )
+
+
+def _extra(prep: Prepared, know: Knowledge, o: int) -> float:
+    """What option ``o`` keeps beyond the model: measured on its scan alone, else a
+    per-layer option's sibling's (`_perlayer.shared_extra`), else nothing."""
+    if o in know.option_extra:
+        return know.option_extra[o]
+    shared = shared_extra(prep.cands, know.option_extra, o)
+    return 0.0 if shared is None else shared
 
 
 def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float, float]:
@@ -30,9 +44,9 @@ def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float
     nodes = prep.nodes
     saved = [i for i in block if i in solution.saved]
     stored = sum(nodes[i].bytes * nodes[i].multiplicity for i in saved) + cand.option.bytes
-    sliced = sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)
+    sliced = sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1) + cand.option.sliced
     live = materialised(nodes, frozenset(i for i in block if i in solution.recomputed))
-    groups: dict[int, float] = {}  # one per position of a per-layer option, else one
+    groups: dict[int, float] = {}  # one per option's graph
     for i in live:
         if nodes[i].needed:
             groups[nodes[i].group] = groups.get(nodes[i].group, 0.0) + nodes[i].bytes
@@ -86,8 +100,13 @@ def check_alone(
         if cand.schedule != "per_step" and o not in know.option_extra:
             model = (fit.fixed + prep.stored * stored + prep.slice * sliced
                      + prep.weight * transient)  # fmt: skip
+            shared = shared_extra(prep.cands, know.option_extra, o)
             know.option_extra[o] = contribution - model
-            recharged = True
+            # A per-layer option charged its sibling's before: solved again only if that was
+            # off by more than `RECHARGE` of the scan's contribution.
+            recharged = shared is None or abs(contribution - model - shared) > RECHARGE * abs(
+                contribution
+            )
         total += contribution
     return total, recharged
 
@@ -107,9 +126,9 @@ def charge(option: Option, extra: float, stored: float, weight: float) -> Option
       >>> from remat._plan._milp import Option
       >>> from remat._plan._alone import charge
       >>> charge(Option(group=0, bytes=10.0, transient=40.0), 6.0, stored=2.0, weight=1.0)
-      Option(group=0, bytes=13.0, flops=0.0, transient=40.0)
+      Option(group=0, bytes=13.0, flops=0.0, transient=40.0, sliced=0.0)
       >>> charge(Option(group=0, bytes=10.0, transient=40.0), -30.0, stored=2.0, weight=0.5)
-      Option(group=0, bytes=0.0, flops=0.0, transient=20.0)
+      Option(group=0, bytes=0.0, flops=0.0, transient=20.0, sliced=0.0)
     """
     if not stored or not extra:
         return option

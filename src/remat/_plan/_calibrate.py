@@ -149,7 +149,7 @@ def prepare(
     # Sharded arguments, or a jit with in/out shardings: count values per device.
     splits, devices = scan_input_splits(fn, *args)
     models = model_scans(infos, splits if devices > 1 else None, devices)
-    cands = candidates(models, schedules) + period_candidates(models, per_layer)
+    cands = candidates(models, schedules)
     nodes, options, offsets = assemble(cands)
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
         nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
@@ -173,6 +173,13 @@ def prepare(
             )
             baseline = pending if baseline else pending.result()
     base, stored, slice_weight, weight = fit
+    if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
+        clock = time.perf_counter()
+        more = period_candidates(models, cands, stored, slice_weight, weight)
+        cands += more
+        options += [c.option for c in more]
+        offsets += [len(nodes)] * len(more)
+        model_seconds += time.perf_counter() - clock
     return Prepared(
         fn=fn,
         args=tuple(args),

@@ -28,16 +28,13 @@ A scan's schedule is chosen in the same program: each schedule is an `Option` wi
 copy of the scan's nodes (stored once per step, or once per inner block step for `Nested`)
 and its own fixed bytes and FLOPs (stored carries, re-run forward steps); binary
 ``chosen[o]`` with one option per scan, and a node's constraints hold only when its option is
-chosen. An option whose nodes form several groups (the positions of a per-layer option,
-copies of one graph) has them ordered by saved bytes, each at least the next, so that the
-solver does not search every permutation of the same plan. Solved exactly by HiGHS through
+chosen. Solved exactly by HiGHS through
 `scipy.optimize.milp`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -144,12 +141,16 @@ class Option:
       flops: FLOPs that choosing it costs besides its nodes (e.g. re-run forward steps).
       transient: memory live only while one step is differentiated (taken as a maximum with
         the groups' recomputed values, not added up).
+      sliced: bytes of one step's copy of its stored values, counted like the nodes' (see
+        ``slice_weight`` in `solve`): an option that stands for a whole save set (a per-layer
+        pattern, `remat._plan._perlayer`) has no nodes to count them.
     """
 
     group: int
     bytes: float = 0.0
     flops: float = 0.0
     transient: float = 0.0
+    sliced: float = 0.0
 
 
 def _check(nodes: Sequence[Node], options: Sequence[Option]) -> None:
@@ -213,7 +214,8 @@ def _solution(nodes: Sequence[Node], options: Sequence[Option], x: np.ndarray) -
         options=chosen,
         offloaded=offloaded,
         offload_flops=float(sum(nodes[i].offload_flops or 0.0 for i in offloaded)),
-        slice_bytes=int(sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1)),
+        slice_bytes=int(sum(nodes[i].bytes for i in saved if nodes[i].multiplicity > 1))
+        + int(sum(options[k].sliced for k in chosen)),
     )
 
 
@@ -299,7 +301,7 @@ def solve(
         flops[off + i] = node.offload_flops or 0.0
     mem[t] = transient_weight
     for k, opt in enumerate(options):
-        mem[y + k] = stored_weight * opt.bytes
+        mem[y + k] = stored_weight * opt.bytes + slice_weight * opt.sliced
         flops[y + k] = opt.flops
     scale_mem = max(float(np.abs(mem).max()), 1.0)
     scale_flops = max(float(flops.sum()), 1.0)
@@ -349,20 +351,6 @@ def solve(
         if coeffs:
             coeffs[t] = -1.0 / scale_mem
             row(coeffs, -np.inf, 0.0)
-    # Groups of one option are the positions of a per-layer option (`_perlayer`): copies of
-    # one graph, so any order of them is the same plan. Ordering them by saved bytes, each at
-    # least the next, keeps HiGHS from searching every permutation.
-    positions: dict[int, dict[int, list[int]]] = {}
-    for i, node in enumerate(nodes):
-        if node.option is not None and node.saveable:
-            positions.setdefault(node.option, {}).setdefault(node.group, []).append(i)
-    for groups in positions.values():
-        order = [groups[g] for g in sorted(groups)]
-        for before, after in itertools.pairwise(order):
-            coeffs = {i: nodes[i].bytes / scale_mem for i in before}
-            for i in after:
-                coeffs[i] = coeffs.get(i, 0.0) - nodes[i].bytes / scale_mem
-            row(coeffs, 0.0, np.inf)
     for k, opt in enumerate(options):
         if opt.transient:
             row({y + k: opt.transient / scale_mem, t: -1.0 / scale_mem}, -np.inf, 0.0)

@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 
 from .._core._schedule import Binomial, Nested, Schedule
-from .._trace._periodic import Period
 from .._trace._tag import ScanChoice
 from ._costmodel import ScanModel
 from ._milp import Node, Option, Solution, materialised
@@ -60,6 +59,9 @@ class Candidate:
     option: Option
     nodes: tuple[Node, ...]  # nodes of this option (inputs relative to the scan's block)
     save_all: bool  # the schedule keeps one step's residuals: save every needed value
+    # A per-layer option (`remat._plan._perlayer`): per position, the indices of the scan's
+    # values it saves (the option has no nodes: its bytes and FLOPs are the positions').
+    pattern: tuple[frozenset[int], ...] = ()
 
 
 def schedules_for(model: ScanModel, enabled: bool) -> list[tuple[Schedule, int, int, float, bool]]:
@@ -115,7 +117,7 @@ def assemble(cands: Sequence[Candidate]) -> tuple[list[Node], list[Option], list
                     node,
                     inputs=tuple(base + u for u in node.inputs),
                     option=o,
-                    group=o + len(cands) * node.group,  # a per-layer option's positions
+                    group=o,  # one step of the scan is differentiated at a time
                 )
             )
     return nodes, [c.option for c in cands], offsets
@@ -146,9 +148,14 @@ def decode(
     for o in solution.options:
         cand = cands[o]
         model = models[cand.scan]
+        pattern, times = _pattern(cand, model)
         if cand.save_all:
             idx = [i for i, v in enumerate(model.values) if v.needed]
             copies = 1
+            flops = cand.option.flops
+        elif pattern:  # a value saved at some positions is stored that many times as often
+            idx = [i for i in range(len(model.values)) if times[i]]
+            copies = model.length // len(pattern)
             flops = cand.option.flops
         else:
             idx = [i for i in range(len(cand.nodes)) if offsets[o] + i in solution.saved]
@@ -158,9 +165,6 @@ def decode(
                 for i in range(len(cand.nodes))
                 if offsets[o] + i in solution.recomputed
             )
-        pattern, times = _pattern(solution, cand, offsets[o], model)
-        if pattern:  # a value saved at some positions is stored that many times as often
-            idx = [i for i in range(len(model.values)) if times[i]]
         values = [model.values[i] for i in idx]
         names = tuple(v.name for v in values if v.primitive != "carry")
         offloaded = tuple(
@@ -175,7 +179,7 @@ def decode(
                 shape=v.shape,
                 dtype=v.dtype,
                 bytes=v.bytes,
-                multiplicity=(1 if v.invariant else copies) * (times[i] if pattern else 1),
+                multiplicity=1 if v.invariant else copies * (times[i] if pattern else 1),
                 source=v.source,
                 user_name=v.user_name,
                 operands=v.operands,
@@ -212,20 +216,17 @@ def decode(
     )  # fmt: skip
 
 
-def _pattern(solution, cand, offset, model) -> tuple[tuple[tuple[str, ...], ...], list[int]]:
-    """A per-layer option's save set per position, and at how many positions each value is
-    saved; ``((), [])`` for another option."""
-    if not isinstance(cand.schedule, Period):
+def _pattern(cand, model) -> tuple[tuple[tuple[str, ...], ...], list[int]]:
+    """A per-layer option's save set per position (its names, carries left out), and at how
+    many positions each value is saved; ``((), [])`` for another option."""
+    if not cand.pattern:
         return (), []
-    size = len(model.values)
-    pattern, times = [], [0] * size
-    for k in range(cand.schedule.g):
-        kept = [i for i in range(size) if offset + k * size + i in solution.saved]
-        for i in kept:
-            times[i] += 1
-        pattern.append(tuple(model.values[i].name for i in kept
-                             if model.values[i].primitive != "carry"))  # fmt: skip
-    return tuple(pattern), times
+    times = [sum(i in kept for kept in cand.pattern) for i in range(len(model.values))]
+    pattern = tuple(
+        tuple(v.name for i, v in enumerate(model.values) if i in kept and v.primitive != "carry")
+        for kept in cand.pattern
+    )
+    return pattern, times
 
 
 def _positions(models: Sequence[ScanModel]) -> list[int]:
@@ -313,8 +314,6 @@ def offload_costs(
     rate = flops_per_second or device_flops_per_second()
     out = list(nodes)
     for o, cand in enumerate(cands):
-        if isinstance(cand.schedule, Period):
-            continue  # a per-layer plan keeps its values on the device
         values = models[cand.scan].values
         for i, node in enumerate(cand.nodes):
             if node.saveable and values[i].primitive != "carry":

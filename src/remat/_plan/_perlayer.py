@@ -1,15 +1,25 @@
-"""Per-layer candidates: the layers of one scan given save sets that repeat with a period.
+"""Per-layer candidates: a scan's layers given two save sets that alternate with a period.
 
-For a scan of ``L`` steps and each period ``g`` dividing it (2 to `PLANNED_PERIOD`), the
-integer program gets one more option: ``g`` copies
-of the scan's graph, one per position, each stored ``L / g`` times and recomputed ``L / g``
-times, each its own group for the transient memory (the backward pass differentiates one
-position at a time). Such an option competes with the uniform ones in the same program; with
-the same save set at every position it keeps and recomputes what the uniform option does,
-and a byte of its own (`TIE_BYTES`) makes the solver prefer the uniform one then. What the
-group body keeps beyond this model (a position's parameter gradients live until the group's
-end) is charged to the option the first time one is checked on its scan alone
-(`_alone.check_alone`), as for `remat.Nested`.
+A uniform plan saves one set in every layer, so the memory it can reach comes in steps: the
+points of one layer's Pareto front (saved bytes against recomputed FLOPs), times the number of
+layers. Between two such points a per-layer plan gives ``c`` positions of every ``g`` the
+first set and the others the second: its bytes and FLOPs are the mix of the two points'
+(``c / g`` of one and the rest of the other), and the memory between the steps is reached at
+the FLOPs between them, as torch's per-node partitioner and torchtitan's "checkpoint every
+Nth layer" reach it.
+
+The front is found once per program, before any budget (`pareto_points`): the integer
+program of the scan's ``per_step`` option alone, solved for the fewest FLOPs below each
+point's memory in turn, with the calibrated weights. Each mix of two points is then one more
+`Option` of the scan, without nodes (`period_candidates`): its saved bytes and FLOPs are
+the positions' sums, its sliced bytes and transient memory the largest position's (the
+backward pass differentiates one position at a time), so a solve with per-layer options grows by a binary variable per mix, not by copies of the layer's
+graph. A uniform plan is never among the mixes (two different points each); the ``per_step``
+option keeps every save set reachable.
+
+What a group body keeps beyond this model (a position's parameter gradients live until the
+group's end) is charged to the option the first time one of its period on its scan is checked
+alone (`_alone.check_alone`), and from then on to the others of that period (`shared_extra`).
 
 A decoded per-layer choice runs as `remat._trace._periodic.periodic_loop`; its `ScanPlan`
 records the save set of each position (``pattern``).
@@ -18,49 +28,149 @@ records the save set of each position (``pattern``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 from collections.abc import Sequence
 
 from .._trace._periodic import Period, periods
 from ._costmodel import ScanModel
-from ._milp import Node, Option
+from ._milp import Option, solve
 from ._options import Candidate
 
-# The largest period the planner offers. Each period adds ``g`` copies of the scan's graph
-# to the integer program: on the vs_torch GPT (78 values per layer) one solve took 0.3 s
-# with the uniform options alone, 4-7 s with period 2 and 11-16 s with periods 2 and 4
-# (measured on 2 cores under a load average of 20). `periodic_loop` runs any period up to
-# `remat._trace._periodic.MAX_PERIOD`.
-PLANNED_PERIOD = 2
+# The largest period the planner offers: a group body holds this many copies of the layer,
+# and compile time grows with it (see `remat._trace._periodic`).
+PLANNED_PERIOD = 4
 
-# The bytes a per-layer option costs of its own: among choices of equal memory and FLOPs,
-# the uniform one.
-TIE_BYTES = 1.0
+# Points of a layer's Pareto front kept (the least memory first dropped beyond them): each pair
+# of points, mixed at each period, is one option.
+MOST_POINTS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One point of a layer's Pareto front: a save set of the uniform ``per_step`` plan.
+
+    Attributes:
+      saved: indices of the scan's values it saves.
+      step_bytes: bytes it saves per layer (values stored once per step).
+      once_bytes: bytes it saves once (loop-invariant values).
+      flops: FLOPs it recomputes per layer.
+      transient: one layer's materialised recomputed bytes.
+    """
+
+    saved: frozenset[int]
+    step_bytes: float
+    once_bytes: float
+    flops: float
+    transient: float
+
+
+def pareto_points(
+    cand: Candidate,
+    length: int,
+    stored: float = 1.0,
+    slice_: float = 1.0,
+    weight: float = 1.0,
+    most: int = MOST_POINTS,
+) -> list[Point]:
+    """The Pareto front of a ``per_step`` candidate's save sets, fewest FLOPs first: each the
+    cheapest set with less memory than the one before (``stored * saved + slice_ * one step's
+    saved + weight * transient``, the memory model's terms), to the least memory.
+
+    Example:
+      >>> from remat._plan._milp import Node, Option
+      >>> from remat._plan._options import Candidate
+      >>> from remat._plan._perlayer import pareto_points
+      >>> a = Node(bytes=4, flops=20, multiplicity=8, repeats=8, needed=True)
+      >>> cand = Candidate(0, "per_step", Option(group=0), (a,), False)
+      >>> [(sorted(p.saved), p.step_bytes, p.flops) for p in pareto_points(cand, 8)]
+      [([0], 4.0, 0.0), ([], 0.0, 20.0)]
+    """
+    nodes = list(cand.nodes)
+    weights = dict(stored_weight=stored, slice_weight=slice_, transient_weight=weight)
+    budget = stored * sum(n.bytes * n.multiplicity for n in nodes)
+    budget += slice_ * sum(n.bytes for n in nodes) + weight * sum(n.bytes for n in nodes) + 1.0
+    points: list[Point] = []
+    last = math.inf
+    while len(points) < most:
+        s = solve(nodes, budget, **weights)
+        if s is None:
+            break
+        memory = stored * s.saved_bytes + slice_ * s.slice_bytes + weight * s.transient_bytes
+        if memory >= last:
+            break
+        last = memory
+        once = sum(nodes[i].bytes for i in s.saved if nodes[i].multiplicity == 1)
+        points.append(
+            Point(
+                saved=s.saved,
+                step_bytes=float(s.slice_bytes),
+                once_bytes=float(once),
+                flops=s.recompute_flops / length,
+                transient=float(s.transient_bytes),
+            )
+        )
+        budget = memory - max(1.0, 1e-6 * memory)
+    return points
 
 
 def period_candidates(
-    models: Sequence[ScanModel], enabled: bool = True, most: int = PLANNED_PERIOD
+    models: Sequence[ScanModel],
+    cands: Sequence[Candidate],
+    stored: float = 1.0,
+    slice_: float = 1.0,
+    weight: float = 1.0,
+    most: int = PLANNED_PERIOD,
 ) -> list[Candidate]:
-    """The per-layer candidates of every scan (see the module docstring), or none."""
-    if not enabled:
-        return []
-    cands = []
+    """The per-layer candidates of every scan (see the module docstring): for each period
+    ``g`` dividing its length (up to ``most``) and each pair of points of its front, ``c`` of
+    ``g`` positions saving the first set (``c`` prime to ``g``: other mixes are a shorter
+    period's), the others the second."""
+    out = []
     for k, model in enumerate(models):
-        size = len(model.values)
-        for g in periods(model.length, most):
+        gs = periods(model.length, most)
+        uniform = next((c for c in cands if c.scan == k and c.schedule == "per_step"), None)
+        if not gs or uniform is None:
+            continue
+        points = pareto_points(uniform, model.length, stored, slice_, weight)
+        for g in gs:
             steps = model.length // g
-            nodes: list[Node] = []
-            for position in range(g):
-                for node in model.nodes(group=position, steps=steps):
-                    nodes.append(
-                        dataclasses.replace(
-                            node,
-                            inputs=tuple(u + position * size for u in node.inputs),
-                            repeats=steps,
-                        )
-                    )
-            option = Option(group=k, bytes=TIE_BYTES)
-            cands.append(Candidate(k, Period(g), option, tuple(nodes), False))
-    return cands
+            for a, b in itertools.combinations(points, 2):
+                for c in range(1, g):
+                    if math.gcd(c, g) != 1:
+                        continue
+                    out.append(_mix(k, g, steps, ((a, c), (b, g - c)), model))
+    return out
+
+
+def _mix(scan: int, g: int, steps: int, parts, model: ScanModel) -> Candidate:
+    """The candidate whose positions save ``parts``: ((point, positions), ...), in order."""
+    per_group = sum(p.step_bytes * n for p, n in parts)
+    once = {i for p, _ in parts for i in p.saved if model.values[i].invariant}
+    option = Option(
+        group=scan,
+        bytes=steps * per_group + sum(model.values[i].bytes for i in once),
+        flops=steps * sum(p.flops * n for p, n in parts),
+        transient=max(p.transient for p, _ in parts),
+        sliced=max(p.step_bytes for p, _ in parts),
+    )
+    pattern = tuple(p.saved for p, n in parts for _ in range(n))
+    return Candidate(scan, Period(g), option, (), False, pattern)
+
+
+def shared_extra(cands: Sequence[Candidate], extra: dict[int, float], o: int) -> float | None:
+    """What a per-layer option ``o`` not yet checked alone is charged beyond the model: the
+    mean of the charges measured on the other options of its scan and period (the group
+    body's own memory, see the module docstring), or None."""
+    cand = cands[o]
+    if not cand.pattern:
+        return None
+    known = [
+        v
+        for j, v in extra.items()
+        if cands[j].pattern and cands[j].scan == cand.scan and cands[j].schedule == cand.schedule
+    ]
+    return sum(known) / len(known) if known else None
 
 
 def describe(pattern: Sequence[Sequence[str]], length: int, label=None) -> list[str]:

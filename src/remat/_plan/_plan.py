@@ -101,10 +101,10 @@ def plan(
         save set per scan); each is compiled once to calibrate what it keeps. A `Binomial`
         step saves all its residuals while it is reversed; below the memory of recomputing
         every step, only these schedules fit.
-      per_layer: also consider two save sets alternating over the layers of a scan of even
-        length (`Plan.position_policy`). Off by default: it multiplies the integer
-        program's size, and one solve's time with it (on the 8-layer demo GPT, 0.3 s
-        without, 3.5-9 s with, measured on 2 loaded cores).
+      per_layer: also consider mixes of two save sets over the layers of a scan, repeating
+        with a period of 2 or 4 layers that divides its length (`Plan.position_policy`;
+        `remat._plan._perlayer`). Off by default: a per-layer scan differentiates in
+        reverse mode only (see `remat._trace._periodic.ordered`).
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes; a budget above it is refused. ``None``
         reads it from the backend (``memory_stats()['bytes_limit']``) where it says (GPU,
