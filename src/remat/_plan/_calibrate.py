@@ -303,7 +303,9 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     fit = (float(base), float(stored), float(slice_weight), float(weight))
     margin = None
     if written:
-        margin = float(peak_of(baseline) - outside - sum(m.temp_bytes for m in memories[len(flat):]))
+        margin = float(
+            peak_of(baseline) - outside - sum(m.temp_bytes for m in memories[len(flat) :])
+        )
     return fit, calibration, tuple(fits), tuple(alone), margin
 
 

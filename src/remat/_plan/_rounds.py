@@ -67,6 +67,11 @@ def plan_prepared(
     know = knowledge if knowledge is not None else Knowledge(prep)
     (counts0, seconds0), clock = since or (tally(), time.perf_counter())
     budget_bytes = budget.to_bytes(peak_of(prep.baseline), device_memory)
+    base = prep.baseline
+    floor = base.argument_bytes + base.output_bytes - base.alias_bytes
+    if budget_bytes < floor:  # the peak is temporaries + this (`_measure._peak`)
+        raise InfeasibleBudget(budget.spec, budget_bytes, floor, peak_of(base),
+                               bool(prep.written), floor=floor)  # fmt: skip
     solve_seconds = 0.0
     rounds = 0
     tight = 0.0

@@ -152,14 +152,18 @@ def calibration_rival(prep, know, choice, budget_bytes):
     """A calibration point not yet compiled that costs fewer FLOPs than ``choice`` and
     whose scans, compiled alone, predict a fit; the cheapest such (or None). The linear model
     cannot tell such a point from a choice a few bytes away, and its prediction is the
-    scan-alone one, not the model's."""
+    scan-alone one, not the model's. Before a plan is verified the memory outside the scans
+    is the un-checkpointed step's (`Prepared.margin`), not this point's: one predicted at
+    most `BAND` over the budget is taken (a point such as every step recomputed can sit
+    exactly at the budget)."""
     margin = know.margin or 0.0
+    limit = budget_bytes * (1 + (0.0 if know.measured else BAND))
     rivals = [
         (c.flops, p, c)
         for c, p in prep.calibration
         if choice_key(c) not in know.measured
         and c.flops < choice.flops
-        and p + margin <= budget_bytes
+        and p + margin <= limit
         and choice_key(c) != choice_key(choice)
     ]
     return min(rivals, key=lambda r: r[:2])[2] if rivals else None
