@@ -36,6 +36,7 @@ from ._search import (
     calibration_point,
     calibration_rival,
     cheaper_candidate,
+    cheaper_point,
     one_per_step_scan,
     seen_in,
     smaller_candidate,
@@ -172,6 +173,10 @@ def plan_prepared(
         over = peak_of(known.measured) - budget_bytes
         if over <= 0:
             fallback = None
+            point = cheaper_point(prep, know, budget_bytes) if rounds < max_rounds else None
+            if point is not None:  # the plan measured dearer than a point predicted to fit
+                pending = (_solution_of(prep, point), False)
+                continue
             if rounds >= min(ROUNDS, max_rounds) or (calibrated and searched):
                 break  # with the memory outside the scans known, the candidate was the best
             searched = True
