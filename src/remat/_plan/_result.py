@@ -38,9 +38,9 @@ _INFEASIBLE = (
 _BELOW_FLOOR = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the step's arguments and "
     "outputs alone take {floor} ({floor_bytes} bytes: parameters, optimizer state, inputs and "
-    "outputs, less the donated buffers), and no checkpointing reduces them. Raise the budget "
-    "above {floor}, or reduce what the step takes and returns (parameters, optimizer state, "
-    "batch size)."
+    "outputs, less the donated buffers; {fraction:.0%} of the {baseline_name} {baseline}), and "
+    "no checkpointing reduces them. Raise the budget above {floor}, or reduce what the step "
+    "takes and returns (parameters, optimizer state, batch size)."
 )
 
 
@@ -79,8 +79,12 @@ class InfeasibleBudget(ValueError):
         floor: int | None = None,
     ):
         if floor is not None:
-            text = _BELOW_FLOOR.format(budget=budget, budget_bytes=budget_bytes,
-                                       floor=format_bytes(floor), floor_bytes=floor)  # fmt: skip
+            text = _BELOW_FLOOR.format(
+                budget=budget, budget_bytes=budget_bytes, floor=format_bytes(floor),
+                floor_bytes=floor, fraction=floor / baseline if baseline else 0.0,
+                baseline_name="peak as written" if written else "un-checkpointed peak",
+                baseline=format_bytes(baseline),
+            )  # fmt: skip
         else:
             text = _INFEASIBLE.format(
                 baseline_name="peak as written" if written else "un-checkpointed peak",
