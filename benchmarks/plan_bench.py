@@ -250,15 +250,18 @@ def cheapest_fitting(named: dict, budget: float) -> tuple[float, str] | None:
 
 
 def smallest_feasible(prep, args, reference, named, kind: str, tries=3) -> dict | None:
-    """The planner at the smallest budget it can meet: asked for 1 byte, it reports the
-    smallest peak it reached (`InfeasibleBudget.smallest_peak_bytes`); planning at that
-    budget (raised by 1% while it is refused) gives the plan at the smallest feasible budget.
-    ``kind`` labels the row: ``"per_step"`` (``prep`` has per-step schedules only) or
-    ``"any"``."""
+    """The planner at the smallest budget it can meet: asked for the step's own arguments and
+    outputs (below them it stops at once and names them, `InfeasibleBudget.floor_bytes`), it
+    reports the smallest peak it reached (`InfeasibleBudget.smallest_peak_bytes`); planning
+    at that budget (raised by 1% while it is refused) gives the plan at the smallest
+    feasible budget. ``kind`` labels the row: ``"per_step"`` (``prep`` has per-step
+    schedules only) or ``"any"``."""
     know = _memo.Knowledge(prep)
+    b = prep.baseline
     try:
-        plan_prepared(prep, read_budget(1), knowledge=know)
-        return None  # pragma: no cover - a 1-byte budget cannot fit
+        floor = b.argument_bytes + b.output_bytes - b.alias_bytes
+        plan_prepared(prep, read_budget(max(floor, 1024)), knowledge=know)
+        return None  # pragma: no cover - no step fits in its own arguments and outputs
     except InfeasibleBudget as err:
         budget = err.smallest_peak_bytes
     baseline_peak = peak_of(prep.baseline)
