@@ -250,15 +250,18 @@ def cheapest_fitting(named: dict, budget: float) -> tuple[float, str] | None:
 
 
 def smallest_feasible(prep, args, reference, named, kind: str, tries=3) -> dict | None:
-    """The planner at the smallest budget it can meet: asked for 1 byte, it reports the
-    smallest peak it reached (`InfeasibleBudget.smallest_peak_bytes`); planning at that
-    budget (raised by 1% while it is refused) gives the plan at the smallest feasible budget.
-    ``kind`` labels the row: ``"per_step"`` (``prep`` has per-step schedules only) or
-    ``"any"``."""
+    """The planner at the smallest budget it can meet: asked for the step's own arguments and
+    outputs (below them it stops at once and names them, `InfeasibleBudget.floor_bytes`), it
+    reports the smallest peak it reached (`InfeasibleBudget.smallest_peak_bytes`); planning
+    at that budget (raised by 1% while it is refused) gives the plan at the smallest
+    feasible budget. ``kind`` labels the row: ``"per_step"`` (``prep`` has per-step
+    schedules only) or ``"any"``."""
     know = _memo.Knowledge(prep)
+    b = prep.baseline
     try:
-        plan_prepared(prep, read_budget(1), knowledge=know)
-        return None  # pragma: no cover - a 1-byte budget cannot fit
+        floor = b.argument_bytes + b.output_bytes - b.alias_bytes
+        plan_prepared(prep, read_budget(max(floor, 1024)), knowledge=know)
+        return None  # pragma: no cover - no step fits in its own arguments and outputs
     except InfeasibleBudget as err:
         budget = err.smallest_peak_bytes
     baseline_peak = peak_of(prep.baseline)
@@ -444,18 +447,20 @@ def table(result: dict) -> str:
 NOTES = [
     "How the planner spends compiles: the un-checkpointed step is compiled once (the "
     "budget's reference, parameters and gradients); the memory model is calibrated on each "
-    "scan compiled alone at 2 steps (every needed value saved, none, every unfused value "
-    "saved), whose contribution to the step's peak is linear in the length (a 3-step scan "
-    "adds one step's saved values, on every stack measured) and equal to its contribution "
-    "inside the step to within a few hundred KiB (measured on the demo GPT at 4 and 8 "
-    "layers, ten save sets). Each candidate is checked on its scans alone, and so are "
-    "cheaper ones the model puts a little over the budget (by as much as its error on the "
-    "candidate, plus 4% and 8%), before the cheapest predicted to fit is compiled whole; a "
-    "candidate far under the budget is checked alone while the step compiles. The first "
-    "verified plan measures the memory outside the scans; a second round runs only when the "
-    "plan was over the budget or, in a program's first plan, when a cheaper candidate is "
-    "then predicted to fit. What is learned is kept by the program's fingerprint (a re-plan "
-    "compiles the step once), and every compiled plan (and calibration point) competes.",
+    "scan compiled alone at its own length (every needed value saved, none, every unfused "
+    "value saved; a loop body is compiled once, so this costs what a 2-step scan costs), "
+    "whose contribution to the step's peak equals its contribution inside the step to "
+    "within a few hundred KiB (measured on the demo GPT at 4 and 8 layers, ten save sets) "
+    "up to the memory outside the scans; each scan compiled alone as written, against the "
+    "un-checkpointed step, gives that memory before any plan is verified. Each candidate is "
+    "checked on its scans alone, and so are cheaper ones the model puts a little over the "
+    "budget (by as much as its error on the candidate, plus 4% and 8%), before the cheapest "
+    "predicted to fit is compiled whole; a candidate far under the budget is checked alone "
+    "while the step compiles. The verified plan measures the memory outside the scans again; "
+    "a second round runs only when the plan was over the budget or measured dearer than a "
+    "calibration point predicted to fit. What is learned is kept by the program's "
+    "fingerprint (a re-plan compiles the step once), and every compiled plan (and "
+    "calibration point) competes.",
     "",
     "How the model was checked against the compiled program (demo GPT, 25% of the peak, "
     "before the scan-alone calibration):",

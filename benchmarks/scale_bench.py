@@ -370,27 +370,30 @@ def mesh_rows(result: dict) -> list[list[str]]:
 
 # What the run written to BENCHMARKS.md shows (written from its figures; a new run that
 # changes them needs these lines read again).
-NOTES = """Read from the run above:
+NOTES = """Read from the run above (`--quick`: the full run does not fit in a session on this
+machine's two shared cores; the presets at 8B only, the trend at its ends):
 
-- Shapes alone: every size planned from `jax.ShapeDtypeStruct`s in a process whose peak RSS
-  stayed at 1.1-1.2 GiB, for un-checkpointed steps of 114 GiB (1B) to 2.3 TiB (70B): the
-  target of RSS under 2 GiB at 70B holds.
-- First plan against one compile of the step: 2.3× (1B), 3.7× (8B), 2.3× (70B); the target
-  of 3× is missed at 8B. Re-plans at 70%: 0.4× (1B) and 0.7× (8B), under the 1.3× target;
-  at 70B the 70% re-plan compiled a cheaper candidate that measured over the budget and fell
-  back to the 50% plan (1.9×, 2 step compiles).
-- Prediction: the model's peak is 18-25% under the compiled one at 50% (7-9% at 70%): the 3%
-  target is missed at these sizes. The plans fit (the compiled peak decides), but may leave
-  budget unused: at the 8B `minimal` preset's peak the plan fits with 1.19× the preset's
-  FLOPs, so "FLOPs no more than the preset's" fails there; at `full` it holds (1.000×).
-- 35% is infeasible at 8B and 70B: the smallest peak reached (every layer recomputed) is above
-  it; the float32 weights, their gradients and Adam's two moments alone take 16 bytes per
-  parameter.
-- The trend: from 8 to 80 layers at d_model 1024 the first plan went from 2.7× to 5.0× one
-  compile (a third step compile at 80 layers: the first verified plan measured over).
-- The mesh: the un-checkpointed step, as XLA partitions it from the arguments' shardings
-  alone, keeps 400 GiB per device; the plan fits in 28 GiB per device, predicted within
-  0.8%, calibrated on compiled steps (4 step compiles, no scan-alone compile)."""
+- Prediction: the first plan's predicted peak is within 3% of the compiled one at 1B (+2.0%)
+  and 8B (+0.3%) and on the 8-layer trend model (+2.8%); every re-plan is within 1.2%. Missed:
+  70B at 50% (+3.7%: the step's arguments and outputs are 1.1 TB of the 1.16 TB budget, and the
+  un-checkpointed step's memory outside the scans is 41 GB more than the plan's), 80 layers
+  (-3.4%) and the mesh row (-4.9%: calibrated on compiled steps, a linear fit through two
+  points, now that the solver reaches plans between them). Before: -17.7% to -24.5% at 50%.
+  The model compiles each scan alone at its own length and takes the memory outside the scans
+  from the un-checkpointed step (the parameters' gradients are temporaries of an Adam step).
+- Shapes alone: planner RSS 0.75-1.51 GiB (target under 2 GiB at 70B, 1.38 GiB: met).
+- First plan against one compile of the step: 3.1× (8B), 4.1× (70B), 4.6× (1B), 2.2× at 80
+  layers, 3.5× at 8 layers and 6.3× at d_model 2048 (target 3×: missed; the compile of the
+  step itself varied from 12 to 45 s between runs under this load). Each first plan compiles
+  the step twice (the un-checkpointed baseline and the plan) and 5 scans alone (4 to calibrate,
+  1 to check), 11 where nothing fitted the linear model at first (70B, d_model 2048). Re-plans:
+  0.7-1.4× (target 1.3×: 1B's two re-plans, 1.4×, missed), one step compile each.
+- At the MaxText presets' own peaks at 8B: both fit; `full` at 0.983× its FLOPs, `minimal`
+  at 1.030× (target: at most 1.000×, missed; 1.190× before).
+- 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32 weights,
+  their gradients and Adam's two moments alone take 16 bytes per parameter.
+- The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (4 step compiles, no
+  scan-alone compile)."""
 
 
 def markdown(result: dict, seconds: float) -> str:

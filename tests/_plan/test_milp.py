@@ -240,3 +240,19 @@ def test_max_flops_gives_the_least_memory_within_a_flops_limit():
     assert s.recompute_flops == 200 and s.memory_bytes == 48
     # 100 FLOPs: one value recomputed from a saved one: 80 + 4 bytes.
     assert solve(nodes, 0, minimize="memory", max_flops=150).memory_bytes == 84
+
+
+def test_recomputes_values_of_gigabytes():
+    """At the sizes of real models the transient memory keeps its place in the program: its
+    coefficient, one over the memory scale, was under HiGHS's smallest matrix value (1e-9)
+    above 1 GB and was dropped, so nothing that materialises could be recomputed."""
+    gib = 2**30
+    a = Node(bytes=4 * gib, flops=20, multiplicity=10, needed=True, fusible=False)
+    b = Node(bytes=4 * gib, flops=10, inputs=(0,), multiplicity=10, needed=True, fusible=False)
+    s = solve([a, b], budget_bytes=50 * gib)
+    # Saving ``a`` and recomputing ``b``: 40 GiB stored and one step's ``b``, 4 GiB, live.
+    assert (sorted(s.saved), sorted(s.recomputed)) == ([0], [1])
+    assert (s.saved_bytes, s.transient_bytes, s.recompute_flops) == (40 * gib, 4 * gib, 100.0)
+    # The least memory recomputes both: one step's ``a`` and ``b`` live, nothing stored.
+    least = solve([a, b], budget_bytes=0, minimize="memory")
+    assert (least.saved_bytes, least.transient_bytes) == (0, 8 * gib)

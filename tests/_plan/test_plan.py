@@ -128,14 +128,27 @@ def test_changed_program_is_refused(stack, plans, tmp_path):
 def test_long_recurrence_uses_a_sublinear_schedule():
     """Below the memory of one carry per step, only Nested/Binomial can fit."""
     loss, (w, xs) = recurrence()
-    with pytest.raises(remat.InfeasibleBudget) as err:
-        remat.plan(loss, w, xs, budget=0.05, schedules=False, max_rounds=1)
-    floor = err.value.smallest_peak_bytes  # the least per_step reaches: a carry per step
+    # the least per_step reaches: a carry per step
+    floor = smallest_reached(loss, (w, xs), schedules=False, max_rounds=1)
     budget = floor - (64 * 4 * 32 * 4) // 4
     p = remat.plan(loss, w, xs, budget=budget)
     assert p.scans[0].schedule != "per_step"
     assert p.measured_peak_bytes <= budget
     assert_tree_allclose(jax.grad(p.fn)(w, xs), jax.grad(loss)(w, xs), scale=10)
+
+
+def smallest_reached(loss, args, **kw) -> int:
+    """The smallest peak the planner reaches (`remat.InfeasibleBudget.smallest_peak_bytes`),
+    asked for the step's own arguments and outputs: a budget below those (1 KiB) stops
+    before searching and names them (``floor_bytes``)."""
+    with pytest.raises(remat.InfeasibleBudget) as err:
+        remat.plan(loss, *args, budget=1024, verbose=False, **kw)
+    floor = err.value.floor_bytes
+    assert floor is not None and err.value.smallest_peak_bytes == floor
+    with pytest.raises(remat.InfeasibleBudget) as err:
+        remat.plan(loss, *args, budget=floor, verbose=False, **kw)
+    assert err.value.floor_bytes is None and err.value.smallest_peak_bytes > floor
+    return err.value.smallest_peak_bytes
 
 
 def test_errors():
@@ -169,7 +182,7 @@ def test_cli_plan(tmp_path, capsys):
     assert remat.load_plan(tmp_path / "plan.json", loss, *args).budget_bytes > 0
     assert main(["plan", f"{target}:make", "--budget", "1%", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "smallest peak" in err
+    assert len(err.strip().splitlines()) == 1 and "arguments and outputs alone" in err
 
 
 def test_two_scans_share_one_budget():
@@ -315,9 +328,8 @@ def test_schedules_are_charged_what_they_keep_alone():
         assert model + outside == pytest.approx(alone, rel=1e-6, abs=64)
     # With the charges, a plan below the per-step floor is predicted within 10% (the step
     # is 64 KiB: a few KiB outside the scan are a large fraction).
-    with pytest.raises(remat.InfeasibleBudget) as err:
-        remat.plan(loss, *args, budget=0.05, schedules=False, max_rounds=1, verbose=False)
-    p = remat.plan(loss, *args, budget=int(err.value.smallest_peak_bytes * 0.9), verbose=False)
+    smallest = smallest_reached(loss, args, schedules=False, max_rounds=1)
+    p = remat.plan(loss, *args, budget=int(smallest * 0.9), verbose=False)
     assert p.scans[0].schedule != "per_step" and p.measured_peak_bytes <= p.budget_bytes
     assert abs(p.predicted_peak_bytes - p.measured_peak_bytes) <= 0.1 * p.measured_peak_bytes
 
@@ -340,16 +352,21 @@ def test_binomial_steps_save_everything():
 
 
 def test_smallest_budget_goes_below_every_named_strategy():
-    """Asked for 1 byte the planner reports the smallest peak it reached; that budget is then
-    met, at or below the smallest peak of any named strategy with any schedule."""
+    """Asked for 1 byte the planner names the step's arguments and outputs (no plan goes
+    under them); asked for those, it reports the smallest peak it reached; that budget is
+    then met, at or below the smallest peak of any named strategy with any schedule."""
     from remat._plan._calibrate import prepare
     from remat._plan._compile import compile_measure, peak_of
     from remat._plan._rounds import plan_prepared
 
     loss, args = recurrence()
     prep = prepare(loss, args, 0, True)
-    with pytest.raises(remat.InfeasibleBudget) as err:
+    with pytest.raises(remat.InfeasibleBudget) as below:
         plan_prepared(prep, read_budget(1))
+    b = prep.baseline
+    assert below.value.floor_bytes == b.argument_bytes + b.output_bytes - b.alias_bytes
+    with pytest.raises(remat.InfeasibleBudget) as err:
+        plan_prepared(prep, read_budget(below.value.floor_bytes))
     smallest = err.value.smallest_peak_bytes
     p = plan_prepared(prep, read_budget(smallest))
     assert p.measured_peak_bytes <= smallest

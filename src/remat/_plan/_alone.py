@@ -61,9 +61,9 @@ def check_alone(
     the memory outside the scans is known: add ``know.margin``), and whether a schedule got
     its first charge (the solution should then be solved again).
 
-    A ``per_step`` scan is compiled at 2 steps and extrapolated to its length by its fit (see
-    `remat._calibrate.ScanFit`); a `remat.Nested` or `remat.Binomial` one at its length, and
-    what it keeps beyond the model is charged to its option from then on. Without scan fits (a
+    Each scan is compiled alone at its own length (see `remat._calibrate.ScanFit`); what a
+    `remat.Nested` or `remat.Binomial` one keeps beyond the model is charged to its option
+    from then on. Without scan fits (a
     program calibrated on compiled steps) the model's own prediction is returned.
     """
     if not prep.scan_fits:
@@ -80,15 +80,10 @@ def check_alone(
         scan_choice = choice.choices[info.position]
         key = alone_key(o, scan_choice)
         if key not in know.alone:
-            length = fit.at if cand.schedule == "per_step" else fit.length
-            missing.append((key, o, fit, length, (info, scan_choice, length)))
+            missing.append((key, (info, scan_choice, fit.length)))
     temps = scan_memories([m[-1] for m in missing], compile_device(prep.args))
-    for (key, o, fit, length, _), memory in zip(missing, temps, strict=True):
-        if prep.cands[o].schedule == "per_step":
-            sliced = scan_terms(prep, solution, o)[1]
-            know.alone[key] = fit.at_length(memory.temp_bytes, length, sliced)
-        else:
-            know.alone[key] = float(memory.temp_bytes)
+    for (key, _), memory in zip(missing, temps, strict=True):
+        know.alone[key] = float(memory.temp_bytes)
     for o in solution.options:
         cand = prep.cands[o]
         info = prep.infos[cand.scan]

@@ -2,10 +2,13 @@
 options, the un-checkpointed step, and the memory model (see `SLICE_WEIGHT`).
 
 The whole step is compiled once, un-checkpointed (the budget's reference and the step's own
-arguments and outputs). The memory model is fitted on each scan compiled alone, a few steps
-long (`scan_fit`, `remat._plan._body`): three save sets (every needed value, none, every
+arguments and outputs). The memory model is fitted on each scan compiled alone at its own
+length (`scan_fit`, `remat._plan._body`): three save sets (every needed value, none, every
 unfused value) give the scan's fixed memory and the weights of one step's saved and transient
-bytes (`calibrate3`, or `calibrate` from two).
+bytes (`calibrate3`, or `calibrate` from two). Each scan compiled alone as written, against
+the un-checkpointed step, gives the memory outside the scans that no scan-alone program
+sees (`Prepared.margin`: with an optimizer, the parameters' gradients and the update's
+temporaries; the loss head's values live at the peak).
 `remat.Nested` and `remat.Binomial` options are charged what they keep beyond the model only
 when a candidate uses them (`_rounds`).
 """
@@ -28,7 +31,7 @@ from .._shard._shard_counts import scan_input_splits
 from .._shard._target import compile_device
 from .._trace._checkpoints import checkpoint_sites
 from .._trace._tag import planned_scans, rewrite
-from ._compile import compile_measure, light_peak
+from ._compile import compile_measure, light_peak, peak_of
 from ._costmodel import ScanModel, model_scans
 from ._milp import Node, Option
 from ._options import (
@@ -60,8 +63,6 @@ _NO_SCAN = (
 # values per step were overestimated by up to 25%.
 SLICE_WEIGHT = 1.0
 MAX_TRANSIENT_WEIGHT = 2.0
-# Steps of a scan compiled alone for the fit and the candidates' checks (`ScanFit`).
-ALONE_LENGTH = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,11 @@ class Prepared:
 
     scan_fingerprints: tuple[str, str] = ("", "")  # see `scan_fingerprints`
     written: tuple[str, ...] = ()  # the program's own checkpoints, as `Site` texts
+    # The un-checkpointed step's peak minus its arguments and outputs and each scan's
+    # contribution compiled alone as written: the memory outside the scans that the
+    # scan-alone programs do not see (`_memo.Knowledge.margin` before a plan is verified).
+    # None when calibrated on compiled steps, or when the baseline is another program's.
+    margin: float | None = None
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -163,14 +169,15 @@ def prepare(
             baseline = compile_measure(fn, args, argnums, "none", None)
         say("calibrating on compiled steps")
         fit, calibration, scan_fits = step_fit(fn, args, argnums, cands, offsets, models, per_step)
-        alone = ()
+        alone, margin = (), None
     else:
         say("compiling the un-checkpointed step and each scan alone")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
             pending = baseline or pool.submit(compile_measure, fn, args, argnums, "none", None)
-            fit, calibration, scan_fits, alone = scan_fit(
-                infos, cands, offsets, models, per_step, pending, compile_device(args)
-            )
+            fit, calibration, scan_fits, alone, margin = scan_fit(
+                infos, cands, offsets, models, per_step, pending, compile_device(args),
+                written=baseline is None,
+            )  # fmt: skip
             baseline = pending if baseline else pending.result()
     base, stored, slice_weight, weight = fit
     if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
@@ -205,49 +212,49 @@ def prepare(
         alone=alone,
         scan_fingerprints=scan_fingerprints(infos),
         written=written,
+        margin=margin,
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class ScanFit:
     """What one scan adds to the step's peak, fitted on scan-alone programs (`scan_fit`):
-    ``fixed + stored + slice * sliced + weight * transient``, where ``stored`` (bytes saved
-    over all steps), ``sliced`` (one step's saved bytes) and ``transient`` (one step's
-    materialised recomputed bytes) are the cost model's.
+    ``fixed + stored_weight * stored + slice * sliced + weight * transient``, where
+    ``stored`` (bytes saved over all steps), ``sliced`` (one step's saved bytes) and
+    ``transient`` (one step's materialised recomputed bytes) are the cost model's.
 
-    Beyond its saved values a step adds nothing: a scan of 3 steps compiled alone with
-    nothing saved measured exactly one step's saved carry more than one of 2 steps on every
-    stack the planner was tested on (demo GPT, MLP-Mixer, GRU, MLP stack, gated recurrence),
-    so the fit is made at one length (`ALONE_LENGTH`). What the step keeps beyond the
-    scan-alone programs is the margin the first verified plan measures (`_rounds`).
+    A scan is compiled alone at its own length: a loop body is compiled once, so this costs
+    what a 2-step scan costs, and XLA's per-step memory is more than one step's saved values
+    (measured on a bf16 Llama-style decoder: 1.23x with every value saved, 2x with nothing
+    saved; XLA keeps float32 copies of some stacked values), so a short scan extrapolated by
+    one step's saved bytes underestimated the step by 15% at 8 layers.
     """
 
     fixed: float
+    stored: float  # the weight of the stored bytes
     slice: float
     weight: float
-    length: int  # the scan's own length
-    at: int  # the scan-alone length it was fitted at
-
-    def at_length(self, temp: float, length: int, sliced: float) -> float:
-        """The scan's contribution at its own length, from a scan-alone ``temp`` measured at
-        ``length`` steps with ``sliced`` saved bytes per step."""
-        return temp + (self.length - length) * sliced
+    length: int  # the scan's own length, at which it is compiled alone
 
 
-def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None):
+def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, written=False):
     """The memory model fitted on scan-alone programs (`remat._plan._body`), per scan: every
-    needed value saved, nothing saved, every unfused value saved, each compiled at
-    `ALONE_LENGTH` steps, give the scan's fixed memory and the weights of one step's saved
-    and transient bytes (`calibrate3`, or `calibrate` when the third point adds nothing).
+    needed value saved, nothing saved, every unfused value saved, each compiled at the
+    scan's length, give the scan's fixed memory and the weights of one step's saved and
+    transient bytes (`calibrate3`, or `calibrate` when the third point adds nothing).
 
     The step's model adds the step's own arguments and outputs (parameters, gradients; from
     the baseline) to every scan's fixed memory; the weights are the largest of the scans'
-    (one scan's step is differentiated at a time).
+    (one scan's step is differentiated at a time). With ``written`` (the baseline is the
+    program as written, un-checkpointed), each scan is also compiled alone as written: the
+    baseline's peak beyond those and its arguments and outputs is the margin (see
+    `Prepared.margin`).
 
     Returns:
-      ``((base, 1.0, slice_weight, transient_weight), calibration, scan_fits, alone)``, where
-      ``calibration`` lists the points as (`Choice`, predicted peak of the step) and
-      ``alone`` each point's contribution to the step's peak (see `_alone.check_alone`).
+      ``((base, stored_weight, slice_weight, transient_weight), calibration, scan_fits,
+      alone, margin)``, where ``calibration`` lists the points as (`Choice`, predicted peak of the
+      step), ``alone`` each point's contribution to the step's peak (see
+      `_alone.check_alone`) and ``margin`` is None without ``written``.
     """
     from ._body import scan_memories
 
@@ -257,44 +264,40 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None):
     for o in per_step:
         info, model = infos[cands[o].scan], models[cands[o].scan]
         n = model.length
-        short = min(ALONE_LENGTH, n)
         everything = fixed_choice(cands, offsets, models, [o], save=True)
         nothing = fixed_choice(cands, offsets, models, [o], save=False)
         unfused = fixed_choice(cands, offsets, models, [o], save="unfused")
         points_ = [everything, nothing]
         if unfused.stored not in (everything.stored, nothing.stored):
             points_.append(unfused)
-        plan_points.append((o, info, n, short, points_))
-    flat = [(p[1], c.choices[p[1].position], p[3]) for p in plan_points for c in p[4]]
-    temps = iter(m.temp_bytes for m in scan_memories(flat, device))
+        plan_points.append((o, info, n, points_))
+    flat = [(p[1], c.choices[p[1].position], p[2]) for p in plan_points for c in p[3]]
+    as_written = [(info, None, model.length) for info, model in zip(infos, models, strict=True)]
+    memories = scan_memories(flat + (as_written if written else []), device)
+    temps = iter(m.temp_bytes for m in memories)
     if hasattr(baseline, "result"):
         baseline = baseline.result()
     outside = baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes
     fits: list[ScanFit] = []
     points: list[tuple[Any, ...]] = []
     alone: list[tuple[Any, float]] = []
-    for o, info, n, short, points_ in plan_points:
-        measured = [(c, next(temps)) for c in points_]
-
-        def stored_at(choice, length, n=n):  # bytes saved over ``length`` steps
-            return choice.stored - (n - length) * choice.sliced
-
-        at = [(dataclasses.replace(c, stored=stored_at(c, short)), t) for c, t in measured]
-        fit = calibrate3(at) if len(at) == 3 else None
+    for o, info, n, points_ in plan_points:
+        contributions = [(c, float(next(temps))) for c in points_]
+        fit = calibrate3(contributions) if len(contributions) == 3 else None
         if fit is None:
-            (c_all, p_all), (c_none, p_none) = at[:2]
+            (c_all, p_all), (c_none, p_none) = contributions[:2]
             base, stored, weight = calibrate(
                 p_all, c_all.stored + SLICE_WEIGHT * c_all.sliced + c_all.transient,
                 p_none, c_none.stored + SLICE_WEIGHT * c_none.sliced, c_none.transient,
             )  # fmt: skip
             fit = (base, stored, stored * SLICE_WEIGHT, weight)
-        base, _, slice_weight, weight = fit
-        fits.append(ScanFit(base, slice_weight, weight, n, short))
-        contributions = [(c, fits[-1].at_length(t, short, c.sliced)) for c, t in measured]
+        base, stored, slice_weight, weight = fit
+        fits.append(ScanFit(base, stored, slice_weight, weight, n))
         points.append(tuple(contributions))
         for c, contribution in contributions:
             alone.append((alone_key(o, c.choices[info.position]), contribution))
     base = outside + sum(f.fixed for f in fits)
+    stored = max(f.stored for f in fits)
     slice_weight = max(f.slice for f in fits)
     weight = max(f.weight for f in fits)
     # A calibration point of one scan, as a prediction for the whole step: the other scans'
@@ -304,8 +307,13 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None):
         rest = sum(p[1][1] for j, p in enumerate(points) if j != k)  # others: nothing saved
         for choice, contribution in scan_points:
             calibration.append((choice, int(outside + contribution + rest)))
-    fit = (float(base), 1.0, float(slice_weight), float(weight))
-    return fit, calibration, tuple(fits), tuple(alone)
+    fit = (float(base), float(stored), float(slice_weight), float(weight))
+    margin = None
+    if written:
+        margin = float(
+            peak_of(baseline) - outside - sum(m.temp_bytes for m in memories[len(flat) :])
+        )
+    return fit, calibration, tuple(fits), tuple(alone), margin
 
 
 def step_fit(fn, args, argnums, cands, offsets, models, per_step):
@@ -360,12 +368,16 @@ def calibrate3(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float
     """Fits ``peak = base + stored + slice_weight * sliced + transient_weight * transient``
     exactly through three compiled points (`Choice`, measured peak).
 
-    When the exact fit gives a slice weight outside ``[0, MAX_TRANSIENT_WEIGHT]``, the slice
-    weight is clamped to that range and ``base`` and ``transient_weight`` are fitted to the
-    three points by least squares.
+    When the exact fit gives a slice weight above ``MAX_TRANSIENT_WEIGHT`` (a scan whose
+    every step keeps more than its saved values, e.g. float32 copies of bfloat16 ones: the
+    excess grows with the bytes stored), ``peak = base + stored_weight * stored + sliced +
+    transient_weight * transient`` is fitted exactly instead. Otherwise, or when that fit
+    fails, a slice weight outside ``[0, MAX_TRANSIENT_WEIGHT]`` is clamped to that range and
+    ``base`` and ``transient_weight`` are fitted to the three points by least squares.
 
-    Returns ``(base, 1.0, slice_weight, transient_weight)``, or None when the three points do
-    not determine it or the transient weight falls outside ``[0, MAX_TRANSIENT_WEIGHT]``.
+    Returns ``(base, stored_weight, slice_weight, transient_weight)``, or None when the three
+    points do not determine it or the transient weight falls outside
+    ``[0, MAX_TRANSIENT_WEIGHT]``.
 
     Example:
       >>> from remat._plan._calibrate import calibrate3
@@ -374,6 +386,9 @@ def calibrate3(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float
       >>> # base 10, slice weight 0.5, transient weight 1.5:
       >>> calibrate3([(c(80, 10, 0), 95.0), (c(8, 1, 20), 48.5), (c(40, 5, 4), 58.5)])
       (10.0, 1.0, 0.5, 1.5)
+      >>> # base 10, stored weight 1.25, transient weight 0.5 (a slice weight of 3.5 exactly):
+      >>> calibrate3([(c(80, 10, 0), 120.0), (c(8, 1, 20), 31.0), (c(40, 5, 4), 67.0)])
+      (10.0, 1.25, 1.0, 0.5)
     """
     import numpy as np
 
@@ -382,6 +397,10 @@ def calibrate3(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float
     if abs(np.linalg.det(a)) < 1e-6 * max(1.0, float(np.abs(a).max()) ** 2):
         return None
     base, slice_weight, weight = (float(round(v, 9)) for v in np.linalg.solve(a, b))
+    if slice_weight > MAX_TRANSIENT_WEIGHT:
+        scaled = _stored_fit(points)
+        if scaled is not None:
+            return scaled
     if not 0.0 <= slice_weight <= MAX_TRANSIENT_WEIGHT:
         slice_weight = min(max(slice_weight, 0.0), MAX_TRANSIENT_WEIGHT)
         rest = b - slice_weight * a[:, 1]
@@ -390,3 +409,18 @@ def calibrate3(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float
     if not 0.0 <= weight <= MAX_TRANSIENT_WEIGHT:
         return None
     return base, 1.0, slice_weight, weight
+
+
+def _stored_fit(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float, float] | None:
+    """``peak = base + stored_weight * stored + SLICE_WEIGHT * sliced + weight * transient``
+    exactly through three points (see `calibrate3`), or None when it does not hold."""
+    import numpy as np
+
+    a = np.array([[1.0, c.stored, c.transient] for c, _ in points])
+    b = np.array([peak - SLICE_WEIGHT * c.sliced for c, peak in points])
+    if abs(np.linalg.det(a)) < 1e-6 * max(1.0, float(np.abs(a).max()) ** 2):
+        return None
+    base, stored, weight = (float(round(v, 9)) for v in np.linalg.solve(a, b))
+    if stored < 0 or not 0.0 <= weight <= MAX_TRANSIENT_WEIGHT:
+        return None
+    return base, stored, SLICE_WEIGHT, weight

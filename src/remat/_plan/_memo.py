@@ -47,11 +47,14 @@ class Knowledge:
     alone: dict[Any, float] = dataclasses.field(default_factory=dict)
     option_extra: dict[int, float] = dataclasses.field(default_factory=dict)
     # Measured peak minus the scan-alone prediction of the last verified plan: the memory
-    # outside the scans that the scan-alone programs do not see. None until one is verified.
+    # outside the scans that the scan-alone programs do not see. Before a plan is verified,
+    # the un-checkpointed step's (`Prepared.margin`), or None.
     margin: float | None = None
 
     def __post_init__(self) -> None:
         self.alone.update(self.prepared.alone)
+        if self.margin is None:
+            self.margin = self.prepared.margin
 
 
 _MEMORY: collections.OrderedDict[Any, Knowledge] = collections.OrderedDict()

@@ -35,6 +35,14 @@ _INFEASIBLE = (
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
 
+_BELOW_FLOOR = (
+    "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the step's arguments and "
+    "outputs alone take {floor} ({floor_bytes} bytes: parameters, optimizer state, inputs and "
+    "outputs, less the donated buffers; {fraction:.0%} of the {baseline_name} {baseline}), and "
+    "no checkpointing reduces them. Raise the budget above {floor}, or reduce what the step "
+    "takes and returns (parameters, optimizer state, batch size)."
+)
+
 
 _NO_OPTIMIZER = (
     "`Plan.step` needs the optimizer the plan was made for; this plan was made without one. "
@@ -53,6 +61,9 @@ class InfeasibleBudget(ValueError):
         that checkpoints already).
       strategy: what the smallest measured point does, in words (e.g. ```full` on every
         scan``), or None when no point was measured.
+      floor_bytes: when the budget is below the step's arguments and outputs less the
+        donated buffers (which no plan reduces), those bytes: the planner stops before it
+        solves, and ``smallest_peak_bytes`` is that floor. None otherwise.
     """
 
     __module__ = "remat"  # printed in tracebacks as remat.InfeasibleBudget, its public name
@@ -65,9 +76,17 @@ class InfeasibleBudget(ValueError):
         baseline: int,
         written: bool = False,
         strategy: str | None = None,
+        floor: int | None = None,
     ):
-        super().__init__(
-            _INFEASIBLE.format(
+        if floor is not None:
+            text = _BELOW_FLOOR.format(
+                budget=budget, budget_bytes=budget_bytes, floor=format_bytes(floor),
+                floor_bytes=floor, fraction=floor / baseline if baseline else 0.0,
+                baseline_name="peak as written" if written else "un-checkpointed peak",
+                baseline=format_bytes(baseline),
+            )  # fmt: skip
+        else:
+            text = _INFEASIBLE.format(
                 baseline_name="peak as written" if written else "un-checkpointed peak",
                 budget=budget,
                 budget_bytes=budget_bytes,
@@ -77,7 +96,8 @@ class InfeasibleBudget(ValueError):
                 baseline=format_bytes(baseline),
                 strategy="" if strategy is None else f", measured with {strategy}",
             )
-        )
+        super().__init__(text)
+        self.floor_bytes = floor
         self.strategy = strategy
         self.budget_bytes = budget_bytes
         self.smallest_peak_bytes = smallest

@@ -36,6 +36,7 @@ from ._search import (
     calibration_point,
     calibration_rival,
     cheaper_candidate,
+    cheaper_point,
     one_per_step_scan,
     seen_in,
     smaller_candidate,
@@ -67,6 +68,11 @@ def plan_prepared(
     know = knowledge if knowledge is not None else Knowledge(prep)
     (counts0, seconds0), clock = since or (tally(), time.perf_counter())
     budget_bytes = budget.to_bytes(peak_of(prep.baseline), device_memory)
+    base = prep.baseline
+    floor = base.argument_bytes + base.output_bytes - base.alias_bytes
+    if budget_bytes < floor:  # the peak is temporaries + this (`_measure._peak`)
+        raise InfeasibleBudget(budget.spec, budget_bytes, floor, peak_of(base),
+                               bool(prep.written), floor=floor)  # fmt: skip
     solve_seconds = 0.0
     rounds = 0
     tight = 0.0
@@ -167,6 +173,10 @@ def plan_prepared(
         over = peak_of(known.measured) - budget_bytes
         if over <= 0:
             fallback = None
+            point = cheaper_point(prep, know, budget_bytes) if rounds < max_rounds else None
+            if point is not None:  # the plan measured dearer than a point predicted to fit
+                pending = (_solution_of(prep, point), False)
+                continue
             if rounds >= min(ROUNDS, max_rounds) or (calibrated and searched):
                 break  # with the memory outside the scans known, the candidate was the best
             searched = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._alone import check_alone
 from ._calibrate import Prepared
-from ._memo import Knowledge, Known, choice_key
+from ._memo import Knowledge, Known, best_known, choice_key, cost
 from ._milp import Solution, solve
 from ._options import Choice, decode, fixed_solution
 
@@ -152,17 +152,44 @@ def calibration_rival(prep, know, choice, budget_bytes):
     """A calibration point not yet compiled that costs fewer FLOPs than ``choice`` and
     whose scans, compiled alone, predict a fit; the cheapest such (or None). The linear model
     cannot tell such a point from a choice a few bytes away, and its prediction is the
-    scan-alone one, not the model's."""
+    scan-alone one, not the model's. Before a plan is verified the memory outside the scans
+    is the un-checkpointed step's (`Prepared.margin`), not this point's: one predicted at
+    most `BAND` over the budget is taken (a point such as every step recomputed can sit
+    exactly at the budget)."""
     margin = know.margin or 0.0
+    limit = budget_bytes * (1 + (0.0 if know.measured else BAND))
     rivals = [
         (c.flops, p, c)
         for c, p in prep.calibration
         if choice_key(c) not in know.measured
         and c.flops < choice.flops
-        and p + margin <= budget_bytes
+        and p + margin <= limit
         and choice_key(c) != choice_key(choice)
     ]
     return min(rivals, key=lambda r: r[:2])[2] if rivals else None
+
+
+def cheaper_point(prep: Prepared, know: Knowledge, budget_bytes: int) -> Choice | None:
+    """A calibration point not yet compiled, predicted to fit, that costs fewer FLOPs than the
+    best plan compiled so far as measured (a `remat.Binomial` schedule's measured FLOPs can
+    exceed the model's and those of recomputing every step); the cheapest such, or None.
+
+    The memory outside the scans is the un-checkpointed step's where known (a point saves per
+    step, as that step does; a verified `remat.Binomial` plan's margin is not a per-step
+    point's), else the verified plans'."""
+    best = best_known(prep, know, budget_bytes)
+    if best is None:
+        return None
+    margin = prep.margin if prep.margin is not None else know.margin or 0.0
+    reference = cost(prep, best) * (1 - 1e-9)
+    points = [
+        (c.flops, p, c)
+        for c, p in prep.calibration
+        if choice_key(c) not in know.measured
+        and prep.baseline.flops + c.flops < reference
+        and p + margin <= budget_bytes
+    ]
+    return min(points, key=lambda r: r[:2])[2] if points else None
 
 
 def calibration_point(prep: Prepared, know: Knowledge, budget_bytes: int) -> Choice | None:
