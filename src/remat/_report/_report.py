@@ -97,12 +97,29 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def current_machine() -> Machine:
-    """The `Machine` this process runs on (JAX's default backend)."""
+def current_machine(target: Any = None) -> Machine:
+    """The `Machine` this process runs on (JAX's default backend), or, for a compile
+    ``target`` (a `remat.Target`), the slice it compiles for: its devices, with this host
+    named as where it was compiled (a target is never run).
+
+    Example:
+      >>> from remat._report._report import current_machine
+      >>> current_machine().host.endswith("cores")
+      True
+    """
     import jax
 
-    device = jax.devices()[0]
     host = f"{platform.system()} {platform.machine()}, {_cpu_model()}, {os.cpu_count()} cores"
+    if target is not None:
+        devices = target.devices("remat.compare")
+        return Machine(
+            backend=str(devices[0].platform),
+            device_kind=str(devices[0].device_kind),
+            device_count=len(devices),
+            jax_version=jax.__version__,
+            host=f"{target.name}, compiled (never run) on {host}",
+        )
+    device = jax.devices()[0]
     return Machine(
         backend=jax.default_backend(),
         device_kind=str(device.device_kind),

@@ -34,6 +34,13 @@ import numpy as np
 # "the chip's memory" is this; the compiler itself keeps a little of it back (15.75 GiB of a
 # v5e's 16 are usable by a program, as its out-of-memory error says).
 HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+# The HBM the TPU compiler gives one program per chip, as its out-of-memory refusal states it
+# ("exceeds available HBM (15.75G)"; libtpu 0.0.42.1, deviceless, `chip_config_name`
+# "default"), GiB to two decimals. A v4's 32 GiB are shared by its two TensorCores: the
+# default chip config compiles for one of them.
+USABLE_HBM_GIB = {"v4": 15.25, "v5e": 15.75, "v5p": 95.74, "v6e": 31.25}
+# `jax.Device.device_kind` of each chip's devices.
+_DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v6 lite": "v6e"}
 # TensorCores per chip: a Cloud TPU name ``v5p-8`` counts cores, ``v5e-16`` chips.
 _CORES_PER_CHIP = {"v4": 2, "v5e": 1, "v5p": 2, "v6e": 1}
 # The chips of one host in the slices Cloud TPU sells (x, y, z); a deviceless compile only
@@ -113,6 +120,12 @@ class Target:
     def hbm_bytes(self) -> int:
         """One chip's high-bandwidth memory, in bytes (`HBM_GIB`): a budget that fills a chip."""
         return HBM_GIB[self.chip] * 2**30
+
+    @property
+    def usable_bytes(self) -> int:
+        """The HBM the TPU compiler gives one program on a chip (`USABLE_HBM_GIB`): it
+        refuses a program above it."""
+        return int(USABLE_HBM_GIB[self.chip] * 2**30)
 
     def devices(self, where: str = "remat.Target") -> list[Any]:
         """The slice's devices, from the TPU compiler's description of its topology.
@@ -346,3 +359,19 @@ def compile_device(args: Sequence[Any]) -> Any:
         if isinstance(sharding, jax.sharding.Sharding):
             return min(sharding.device_set, key=lambda d: d.id)
     return None
+
+
+def usable_bytes(device: Any) -> int | None:
+    """The HBM the TPU compiler gives one program on ``device`` (`USABLE_HBM_GIB`), or None
+    for a device that is not a TPU chip listed there.
+
+    Example:
+      >>> import jax
+      >>> from remat._shard._target import usable_bytes
+      >>> usable_bytes(jax.devices("cpu")[0]) is None
+      True
+    """
+    chip = _DEVICE_KINDS.get(getattr(device, "device_kind", None) or "")
+    if chip is None or getattr(device, "platform", None) != "tpu":
+        return None
+    return int(USABLE_HBM_GIB[chip] * 2**30)
