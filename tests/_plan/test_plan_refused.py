@@ -120,3 +120,22 @@ def test_other_compile_errors_are_not_refusals():
     assert refusal_of(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: bad")) is None
     r = refusal_of(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM"))
     assert (r.asked_bytes, r.available_bytes, r.over_bytes) == (None, None, None)
+
+
+def test_offloaded_values_the_compiler_kept_on_the_device_are_said(plain):
+    """A plan that offloads but whose compiled step keeps nothing in host memory warns (the
+    transfers it was priced for do not happen); on CPU, with no host memory of its own, or
+    with host bytes, nothing is said."""
+    import dataclasses
+    import types
+
+    from remat._plan._baseline import check_offloaded
+
+    choice = types.SimpleNamespace(choices={0: types.SimpleNamespace(offload=("act",))})
+    on_tpu = dataclasses.replace(plain, backend="tpu", host_bytes=0)
+    with pytest.warns(remat.RematWarning, match="offloads act to host memory, but the step"):
+        check_offloaded(choice, on_tpu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_offloaded(choice, dataclasses.replace(on_tpu, host_bytes=2**20))
+        check_offloaded(choice, plain)  # cpu

@@ -57,6 +57,12 @@ _NO_SIZE = (
     "({again}), so the memory model cannot be calibrated on this device. Plan for more "
     "devices (a larger slice) or a smaller step."
 )
+_NOT_OFFLOADED = (
+    "`remat.plan`: a plan offloads {names} to host memory, but the step compiled for {backend} "
+    "keeps nothing there (host_temp_size_in_bytes is 0): the compiler kept them on the "
+    "device, so the transfers it was priced for do not happen. Its measured peak is still the "
+    "compiled step's; plan with offload=False to compare."
+)
 _NOT_STATED = (
     "`remat.plan` got the relative budget {spec!r}, but the un-checkpointed step does not fit "
     "the device: the compiler refused it without stating the memory it needs ({refused}). "
@@ -176,3 +182,12 @@ def budget_within(spec: Any, budget_bytes: int, limit: int | None) -> int:
         _ABOVE_LIMIT.format(spec=spec, budget=budget_bytes, limit=limit), RematWarning, stacklevel=4
     )
     return limit
+
+
+def check_offloaded(choice: Any, measured: Measurement) -> None:
+    """Warns where a plan offloads values but the compiled step keeps nothing in host memory
+    (on CPU there is no host memory of its own: offloading is not offered there)."""
+    names = sorted({n for scan in choice.choices.values() for n in (scan.offload or ())})
+    if names and measured.backend != "cpu" and measured.host_bytes == 0:
+        text = _NOT_OFFLOADED.format(names=", ".join(names), backend=measured.backend)
+        warnings.warn(text, RematWarning, stacklevel=4)

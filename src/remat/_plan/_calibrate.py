@@ -26,7 +26,7 @@ from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
 from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
-from .._shard._target import compile_device
+from .._shard._target import compile_device, offload_rates
 from .._trace._checkpoints import checkpoint_sites
 from .._trace._tag import planned_scans, rewrite
 from ._baseline import baseline_step, memory_limit, refused_peak
@@ -159,7 +159,10 @@ def prepare(
     cands = candidates(models, schedules) + period_candidates(models, per_layer)
     nodes, options, offsets = assemble(cands)
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
-        nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
+        rates = offload_rates(compile_device(args))  # a TPU target: its chip's rate
+        nodes = offload_costs(
+            nodes, cands, offsets, models, host_bandwidth, rates[0] if rates else None
+        )
     print_ = fingerprint(fn, *args)
     written = tuple(str(s) for s in checkpoint_sites(jax.make_jaxpr(fn)(*args).jaxpr))
     model_seconds = time.perf_counter() - clock

@@ -25,7 +25,7 @@ import jax
 from .._core._budget import Budget
 from .._measure._refusal import refusal_of
 from ._alone import charged_options, check_alone
-from ._baseline import REFUSED, budget_within, check_relative, refused
+from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost
@@ -256,6 +256,7 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None) -> None:
         return
     if beside is not None:
         measured, (alone, _) = measured
+    check_offloaded(choice, measured)
     know.margin = peak_of(measured) - alone
     know.measured[key] = Known(choice, measured, int(alone + margin), alone)
 
