@@ -44,27 +44,29 @@ from remat._measure._hlo import hlo_flops
 from remat._measure._peak import compiled_memory
 from remat._measure._step import lower_step
 from remat._models._maxtext import PRESETS, decoder_shapes
+from remat._shard._target import MESH_AXIS
 
 MARKERS = ("<!-- tpu:start -->", "<!-- tpu:end -->")
 GIB = 2.0**30
 LLAMA_1B = dict(layers=16, d_model=2048, heads=32, mlp_dim=8192, vocab=128256)
 LLAMA_8B = dict(layers=32, d_model=4096, heads=32, mlp_dim=14336, vocab=128256)
-# (model, sizes, slice, global batch, sequence)
+# (model, sizes, slice, global batch, sequence, parallelism)
 RUNS = [
-    ("Llama-3.2-1B", LLAMA_1B, "tpu:v5e-4", 4, 2048),
-    ("Llama-3-8B", LLAMA_8B, "tpu:v5p-8", 4, 4096),
+    ("Llama-3.2-1B", LLAMA_1B, "tpu:v5e-4", 4, 2048, "data"),
+    ("Llama-3-8B", LLAMA_8B, "tpu:v5p-8", 4, 4096, "data"),
+    ("Llama-3-8B", LLAMA_8B, "tpu:v5e-16", 16, 4096, "fsdp"),
 ]
-QUICK_RUNS = [("Llama-3.2-1B (4 layers)", {**LLAMA_1B, "layers": 4}, "tpu:v5e-4", 4, 1024)]
+QUICK_RUNS = [("Llama-3.2-1B (4 layers)", {**LLAMA_1B, "layers": 4}, "tpu:v5e-4", 4, 1024, "data")]
 STRATEGIES = ("none", "minimal", "save_qkv_proj", "full")
 _OOM = re.compile(r"required for HLO temporaries \(([0-9.]+)G\)|Used ([0-9.]+)G of")
 
 
 def data_parallel(args, target: remat.Target):
     """Data parallelism: the parameters replicated on every chip, the batch split over them.
-    (`remat.Target.place`'s FSDP placement shards each weight along its largest dimension,
-    the vocabulary or MLP one, and XLA then keeps the activations whole on each chip: 452
-    GiB per chip for the 8B step. Sharding the activations as MaxText does needs sharding
-    constraints inside the layers, which this decoder does not have.)"""
+    (`remat.Target.place`'s FSDP placement alone shards each weight along its largest
+    dimension, the vocabulary or MLP one, and XLA then keeps the activations whole on each
+    chip: 452 GiB per chip for the 8B step; the ``"fsdp"`` runs add the decoder's sharding
+    constraints on the activations, see `placed`.)"""
     mesh = target.mesh()
     P = jax.sharding.PartitionSpec
 
@@ -75,10 +77,24 @@ def data_parallel(args, target: remat.Target):
     return jax.tree_util.tree_map(lambda p: on(p, P()), params), on(tokens, P("fsdp"))
 
 
-def compile_preset(name: str, sizes: dict, target: remat.Target) -> dict:
+def placed(preset, sizes: dict, target: remat.Target, parallelism: str):
+    """The decoder's loss and arguments on ``target``: ``"data"`` parallel (`data_parallel`),
+    or ``"fsdp"``: every weight sharded along its largest dimension (`remat.Target.place`)
+    and the activations along the batch inside the layers, as MaxText's logical axis rules
+    shard them (`remat._models._maxtext.DecoderLayer.activations`)."""
+    sizes = {**sizes, "dtype": jnp.bfloat16}
+    if parallelism == "fsdp":
+        P = jax.sharding.PartitionSpec
+        sizes["activations"] = NamedSharding(target.mesh(), P(MESH_AXIS))
+        loss, args = decoder_shapes(preset, sizes)
+        return loss, target.place(args, 0)
+    loss, args = decoder_shapes(preset, sizes)
+    return loss, data_parallel(args, target)
+
+
+def compile_preset(name: str, sizes: dict, target: remat.Target, parallelism: str) -> dict:
     """One compile of the preset's gradient step for ``target``: memory, FLOPs, seconds."""
-    loss, args = decoder_shapes(PRESETS[name], {**sizes, "dtype": jnp.bfloat16})
-    args = data_parallel(args, target)
+    loss, args = placed(PRESETS[name], sizes, target, parallelism)
     start = time.perf_counter()
     try:
         compiled = lower_step(loss, args, 0).compile()
@@ -102,9 +118,8 @@ def compile_preset(name: str, sizes: dict, target: remat.Target) -> dict:
     )
 
 
-def plan_at_hbm(sizes: dict, target: remat.Target) -> dict:
-    loss, args = decoder_shapes(None, {**sizes, "dtype": jnp.bfloat16})
-    args = data_parallel(args, target)
+def plan_at_hbm(sizes: dict, target: remat.Target, parallelism: str) -> dict:
+    loss, args = placed(None, sizes, target, parallelism)
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():  # a budget above what the compiler gives: said below
@@ -167,12 +182,12 @@ def main() -> None:
             Path(opts.save).write_text(json.dumps(
                 dict(rows=rows, plan_rows=plan_rows, machine=machine_line())))  # fmt: skip
 
-    for model, sizes, name, batch, seq in runs:
+    for model, sizes, name, batch, seq, parallelism in runs:
         target = remat.parse_target(name)
         sized = {**sizes, "batch": batch, "seq": seq}
-        label = f"{name[4:]} ({target.name[4:]})"
+        label = f"{name[4:]} ({target.name[4:]}), {parallelism}"
         if not opts.no_plan:  # the plan first: the slowest, and the figure wanted most
-            p = plan_at_hbm(sized, target)
+            p = plan_at_hbm(sized, target, parallelism)
             if "error" in p:
                 plan_rows.append((model, label, f"{target.hbm_bytes / GIB:.2f}", "", p["error"],
                                   "", "", f"{p['seconds']:.1f}", "", ""))  # fmt: skip
@@ -187,7 +202,7 @@ def main() -> None:
             print(plan_rows[-1], flush=True)
             save()
         for strategy in STRATEGIES:
-            r = compile_preset(strategy, sized, target)
+            r = compile_preset(strategy, sized, target, parallelism)
             if "oom" in r:
                 cells = ("refused", f"{r['oom']:.2f} G asked", "", "no")
             else:
