@@ -221,6 +221,15 @@ def main() -> None:
     write(head, rows, plan_head, plan_rows, [machine_line()])
 
 
+def _machines(lines: list[str]) -> str:
+    """One host line for runs on the same host, with each run's load average."""
+    hosts = {line.split("; load average")[0] for line in lines}
+    if len(hosts) != 1 or len(lines) == 1:
+        return "; ".join(lines)
+    loads = [line.split("; load average", 1)[1].split(" (1/5/15 min)")[0] for line in lines]
+    return f"{hosts.pop()}; load average (1/5/15 min) at the end of each run:{';'.join(loads)}"
+
+
 def write(head, rows, plan_head, plan_rows, machines) -> None:
     """BENCHMARKS.md's TPU section from the rows (``machines``: each run's machine line)."""
     text = "\n".join([
@@ -229,7 +238,7 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "",
         "Compiled for TPU slices on this CPU host (XLA's TPU compiler from libtpu, deviceless; "
         "`PYTHONPATH=src python benchmarks/tpu_bench.py`, or one run per process with "
-        "`--only N --save FILE`, then `--load FILES`). " + "; ".join(machines) + ".",
+        "`--only N --save FILE`, then `--load FILES`). " + _machines(machines) + ".",
         "Peaks are per chip, HBM (`temp + argument + output - alias`, remat's TPU rule); the "
         "compiler's `peak_memory_in_bytes` also counts on-chip VMEM (docs/tpu.md). Data "
         "parallel (parameters replicated, one sequence per chip); bf16 activations, f32 "
