@@ -155,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small run")
     parser.add_argument("--no-plan", action="store_true", help="presets only")
+    parser.add_argument("--plan-only", action="store_true", help="plans only")
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument("--only", type=int, help="run only this entry of RUNS")
     parser.add_argument("--save", help="save the rows to this JSON file (and write nothing)")
@@ -175,7 +176,7 @@ def main() -> None:
         return write(head, rows, plan_head, plan_rows, machines)
     runs = QUICK_RUNS if opts.quick else RUNS
     if opts.only is not None:
-        runs = [runs[opts.only]]
+        runs = [RUNS[opts.only]]
 
     def save() -> None:  # after every row: a run cut short keeps what it measured
         if opts.save:
@@ -201,7 +202,7 @@ def main() -> None:
                                   p["strategy"]))  # fmt: skip
             print(plan_rows[-1], flush=True)
             save()
-        for strategy in STRATEGIES:
+        for strategy in () if opts.plan_only else STRATEGIES:
             r = compile_preset(strategy, sized, target, parallelism)
             if "oom" in r:
                 cells = ("refused", f"{r['oom']:.2f} G asked", "", "no")

@@ -310,28 +310,35 @@ def require_libtpu(target: Target, where: str) -> None:
         raise RuntimeError(_NO_LIBTPU.format(where=where, got=target.name, python=sys.executable))
 
 
-@functools.cache
 def _devices(target: Target, where: str) -> tuple[Any, ...]:
     require_libtpu(target, where)
+    try:
+        return _topology_devices(target)
+    except Exception as err:  # the compiler's own words for what it refused
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            _TOPOLOGY_FAILED.format(where=where, got=target.name, error=first, chips=_chips())
+        ) from err
+
+
+@functools.cache
+def _topology_devices(target: Target) -> tuple[Any, ...]:
+    """The slice's devices, built once per process and target: every mesh and placement of
+    a target is on the same device objects (a sharding built by `Target.mesh` in the user's
+    model and one `Target.place` makes inside `remat.plan` are one program's devices)."""
     from jax.experimental import topologies
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     axes = (*target.topology, 1, 1)[:3]
     bounds = tuple(min(d, b) for d, b in zip(axes, _HOST_BOUNDS, strict=True))
     name = f"{target.chip}:{'x'.join(str(d) for d in target.topology)}"
-    try:
-        topology = topologies.get_topology_desc(
-            platform="tpu",
-            topology_name=name,
-            chip_config_name="default",
-            chips_per_host_bounds=bounds,
-            num_slices=target.num_slices,
-        )
-    except Exception as err:  # the compiler's own words for what it refused
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(
-            _TOPOLOGY_FAILED.format(where=where, got=target.name, error=first, chips=_chips())
-        ) from err
+    topology = topologies.get_topology_desc(
+        platform="tpu",
+        topology_name=name,
+        chip_config_name="default",
+        chips_per_host_bounds=bounds,
+        num_slices=target.num_slices,
+    )
     return tuple(topology.devices)
 
 
