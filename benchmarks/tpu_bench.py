@@ -1,9 +1,11 @@
 """Llama-shaped steps compiled for TPU slices from this CPU host: MaxText's presets and plans.
 
 Every figure comes from XLA's TPU compiler (libtpu, deviceless: `remat.Target`), for the
-slices these sizes train on, data parallel (parameters replicated, one sequence per chip):
+slices these sizes train on (one sequence per chip):
 
-- Llama-3.2-1B on a v5e-4 (2x2) and Llama-3-8B on a v5p-8 (2x2x1), built
+- Llama-3.2-1B on a v5e-4 (2x2) and Llama-3-8B on a v5p-8 (2x2x1), data parallel, and
+  Llama-3-8B on a v5e-16 (4x4) with FSDP (weights sharded, activations constrained to the
+  batch inside the layers, as MaxText's logical axis rules shard them), built
   with `remat._models._maxtext` (MaxText's layers and ``checkpoint_name`` s; multi-head
   attention where Llama has 8 key-value heads, and no flash attention, so the attention
   scores are materialised), bfloat16 activations on float32 parameters;
@@ -127,6 +129,12 @@ def plan_at_hbm(sizes: dict, target: remat.Target, parallelism: str) -> dict:
             plan = remat.plan(loss, *args, budget=target.hbm_bytes, target=target, verbose=False)
     except remat.InfeasibleBudget as err:
         return dict(seconds=time.perf_counter() - start, error=str(err).splitlines()[0])
+    except ValueError as err:  # the compiler refused even the step that recomputes everything
+        if "no checkpointing of the scans fits" not in str(err):
+            raise
+        asked = re.findall(r"HLO temporaries \(([0-9.]+)G\)", str(err))
+        error = f"nothing fits: `full` on every scan asks {asked[-1]} G" if asked else str(err)
+        return dict(seconds=time.perf_counter() - start, error=error)
     print(plan.explain(), flush=True)
     return dict(
         seconds=time.perf_counter() - start,
@@ -241,11 +249,13 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "`PYTHONPATH=src python benchmarks/tpu_bench.py`, or one run per process with "
         "`--only N --save FILE`, then `--load FILES`). " + _machines(machines) + ".",
         "Peaks are per chip, HBM (`temp + argument + output - alias`, remat's TPU rule); the "
-        "compiler's `peak_memory_in_bytes` also counts on-chip VMEM (docs/tpu.md). Data "
-        "parallel (parameters replicated, one sequence per chip); bf16 activations, f32 "
+        "compiler's `peak_memory_in_bytes` also counts on-chip VMEM (docs/tpu.md). `data`: "
+        "parameters replicated, the batch split; `fsdp`: every weight sharded along its "
+        "largest dimension and the activations along the batch inside the layers (sharding "
+        "constraints, `_models/_maxtext.py`); one sequence per chip; bf16 activations, f32 "
         "parameters and gradients; multi-head attention without flash attention. A step the "
-        "compiler refuses shows the HBM it asked for. The compiler refuses both un-checkpointed "
-        "steps, so `remat.plan` starts from the step that recomputes everything and takes the "
+        "compiler refuses shows the HBM it asked for. The compiler refuses every un-checkpointed "
+        "step, so `remat.plan` starts from the step that recomputes everything and takes the "
         "un-checkpointed step's peak from the refusal (docs/tpu.md); a budget of a v5e's 16 GiB "
         "is planned at the 15.75 GiB the compiler gives a program. The plan's FLOPs are against "
         "the un-checkpointed step's (the recomputing step's less the cost model's "

@@ -93,6 +93,10 @@ def test_hbm_capacity_is_checked_on_hbm_not_on_peak_memory():
 def test_measure_compiles_for_the_target():
     params, x = _mlp_shapes(layers=4, tokens=2048, d=512, f=2048)
     m = remat.measure(_mlp_loss(False), params, x, target="tpu:v5e:2x2")
+    # one set of devices per slice, whoever asks: a model's own `Target.mesh` shardings and
+    # the placement `remat.plan` makes are one program's
+    t = remat.parse_target("tpu:v5e:2x2")
+    assert t.devices("remat.Target")[0] is t.devices("remat.plan")[0]
     assert (m.backend, m.num_devices, m.seconds, m.peak_source) == ("tpu", 4, None, SUM)
     assert m.peak_bytes == m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
     # FSDP placement: each chip holds a quarter of every weight (their largest dimension)
