@@ -45,6 +45,10 @@ from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 
+# Largest memory scale (bytes) at which the transient variable of `solve` counts bytes.
+_BYTES_UNIT_LIMIT = 1e8
+
+
 @dataclasses.dataclass(frozen=True)
 class Node:
     """One value in the graph of a step.
@@ -301,10 +305,12 @@ def solve(
         mem[y + k] = stored_weight * opt.bytes
         flops[y + k] = opt.flops
     scale_mem = max(float(np.abs(mem).max()), 1.0)
-    # The transient variable counts units of ``scale_mem`` bytes: in bytes its coefficients
-    # would be 1 / scale_mem, under HiGHS's smallest matrix value (1e-9) once one step's
-    # values reach a GiB (a Llama step sharded over a slice), and dropped as zero.
-    mem[t] = transient_weight * scale_mem
+    # The transient variable counts bytes, with coefficients 1 / scale_mem in the rows; once
+    # one step's values reach a GiB (a Llama step sharded over a slice) that is under HiGHS's
+    # smallest matrix value (1e-9) and dropped as zero, so above `_BYTES_UNIT_LIMIT` it
+    # counts units of ``scale_mem`` bytes instead (the same program, rescaled).
+    unit = 1.0 if scale_mem <= _BYTES_UNIT_LIMIT else scale_mem
+    mem[t] = transient_weight * unit
     scale_flops = max(float(flops.sum()), 1.0)
     # Lexicographic objectives: first the fewest FLOPs (or the least memory), then, among
     # those, the least memory (or FLOPs). A tiny tie-breaking term in one objective instead
@@ -350,7 +356,7 @@ def solve(
             if node.group == g and node.needed
         }
         if coeffs:
-            coeffs[t] = -1.0
+            coeffs[t] = -unit / scale_mem
             row(coeffs, -np.inf, 0.0)
     # Groups of one option are the positions of a per-layer option (`_perlayer`): copies of
     # one graph, so any order of them is the same plan. Ordering them by saved bytes, each at
@@ -368,7 +374,7 @@ def solve(
             row(coeffs, 0.0, np.inf)
     for k, opt in enumerate(options):
         if opt.transient:
-            row({y + k: opt.transient / scale_mem, t: -1.0}, -np.inf, 0.0)
+            row({y + k: opt.transient / scale_mem, t: -unit / scale_mem}, -np.inf, 0.0)
     for g in sorted({opt.group for opt in options}):
         row({y + k: 1.0 for k, opt in enumerate(options) if opt.group == g}, 1.0, 1.0)
     if minimize == "flops":
