@@ -44,7 +44,6 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-
 # Largest memory scale (bytes) at which the transient variable of `solve` counts bytes.
 _BYTES_UNIT_LIMIT = 1e8
 
