@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from remat._models._maxtext import decoder_shapes, make_decoder
 from remat._plan._result import fingerprint
+from remat._trace._jaxpr_walk import subjaxprs
 
 SIZES = dict(layers=2, d_model=32, heads=4, kv_heads=2, mlp_dim=64, seq=8, batch=2, vocab=16,
              dtype=jnp.bfloat16)  # fmt: skip
@@ -34,3 +35,22 @@ def test_bf16_compute_gives_a_float32_loss_and_float32_gradients():
     assert value.dtype == jnp.float32 and bool(jnp.isfinite(value))
     assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
+def test_activation_sharding_constrains_the_layers():
+    """``activations=``: the embedding, each layer's input and output (inside the scan) and
+    the logits are constrained to that sharding, as MaxText's logical axis rules shard the
+    batch; without it the jaxpr has no constraint."""
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def constraints(jaxpr):
+        count = 0
+        for eqn in jaxpr.eqns:
+            count += eqn.primitive.name == "sharding_constraint"
+            for _, _, sub in subjaxprs(eqn):
+                count += constraints(sub)
+        return count
+
+    for activations, want in ((None, 0), (sharding, 4)):
+        loss, (params, tokens) = decoder_shapes(None, {**SIZES, "activations": activations})
+        assert constraints(jax.make_jaxpr(loss)(params, tokens).jaxpr) == want

@@ -256,3 +256,23 @@ def test_recomputes_values_of_gigabytes():
     # The least memory recomputes both: one step's ``a`` and ``b`` live, nothing stored.
     least = solve([a, b], budget_bytes=0, minimize="memory")
     assert (least.saved_bytes, least.transient_bytes) == (0, 8 * gib)
+
+
+def test_gib_sized_values_can_be_recomputed():
+    """One step of a scanned MLP sharded over a TPU slice: GiB-sized values (the transient
+    variable's coefficients are not lost under HiGHS's smallest matrix value). Saving the
+    matmul output and recomputing the tanh from it fits 15.75 GiB; the least memory saves
+    only the carry."""
+    gib = 2**30
+    common = dict(multiplicity=8, repeats=8, needed=True, saveable=True, group=0, option=0)
+    nodes = [
+        Node(bytes=gib // 4, flops=0.0, inputs=(), recomputable=False, **common),  # carry
+        Node(bytes=gib, flops=4.4e12, inputs=(0,), recomputable=True, **common),  # h @ w1
+        Node(bytes=gib, flops=0.0, inputs=(1,), recomputable=True, **common),  # tanh
+    ]
+    weights = dict(options=[Option(0, 0.0, 0.0)], fixed_bytes=1.06 * gib,
+                   transient_weight=2.0, stored_weight=0.93, slice_weight=0.93)  # fmt: skip
+    s = solve(nodes, int(15.75 * gib), **weights)
+    assert (s.saved, s.recomputed, s.recompute_flops) == ({0, 1}, {2}, 0.0)
+    least = solve(nodes, int(15.75 * gib), minimize="memory", **weights)
+    assert (least.saved, least.recomputed) == ({0}, {1, 2})

@@ -369,6 +369,50 @@ def per_layer_sharded():
     return out
 
 
+@case
+def plan_refused_sharded():
+    """A data-parallel stack planned where the compiler refuses every whole step over a limit
+    (the TPU compiler's error, stated in KiB): the planner calibrates on compiled steps and
+    stands a checkpointed step in for the refused un-checkpointed one (`_plan._baseline`)."""
+    from remat._measure._peak import peak_bytes
+    from remat._measure._refusal import refusal_message
+    from remat._plan import _compile
+    from remat._plan._memo import forget
+
+    mesh = make_mesh((8,), ("data",))
+    ws, x = mlp_args(layers=8, batch=2048, width=64)
+    ws, x = (
+        jax.device_put(ws, NamedSharding(mesh, P())),
+        jax.device_put(x, NamedSharding(mesh, P("data"))),
+    )
+    plain = remat.measure(mlp_loss, ws, x, repeats=0)
+    limit, real, refused = plain.peak_bytes * 7 // 10, _compile.compile_lowered, []
+
+    def compile_lowered(lowered, kind):
+        compiled = real(lowered, kind)
+        if kind == _compile.STEP and peak_bytes(compiled) > limit:
+            refused.append(peak_bytes(compiled))
+            raise jax.errors.JaxRuntimeError(refusal_message(peak_bytes(compiled), limit))
+        return compiled
+
+    forget()
+    _compile.compile_lowered = compile_lowered
+    try:
+        p = remat.plan(mlp_loss, ws, x, budget="60%", schedules=False, verbose=False)
+    finally:
+        _compile.compile_lowered = real
+        forget()
+    return {
+        "plain": [plain.peak_bytes, plain.flops],
+        "baseline": [p.baseline_peak_bytes, p.baseline_flops],
+        "budget": p.budget_bytes,
+        "measured": p.measured_peak_bytes,
+        "devices": p.measured.num_devices,
+        "first_refused": refused[0],
+        "grads_equal": tree_allclose(jax.grad(p.fn)(ws, x), jax.grad(mlp_loss)(ws, x)),
+    }
+
+
 def eight_model_bytes(placed, fn=mlp_loss):
     """Per-device bytes the planner's cost model gives the scan body's values."""
     from remat._plan._costmodel import model_scans

@@ -160,3 +160,17 @@ def test_plan_from_sharded_shapes_is_the_plan_of_the_placed_arrays(cases):
     assert out["same_scans"]
     assert out["peaks"][0] == out["peaks"][1] <= out["budgets"][0] == out["budgets"][1]
     assert out["grads_equal"]
+
+
+def test_plan_where_the_compiler_refuses_the_sharded_step(cases):
+    """Calibrated on compiled steps (8 devices), the un-checkpointed step refused: its peak is
+    the one the refusal states (to 0.01 KiB), its FLOPs the recomputing step's less the
+    model's recomputation per device (exact for data parallelism)."""
+    out = result(cases, "plan_refused_sharded")
+    (plain_peak, plain_flops), (peak, flops) = out["plain"], out["baseline"]
+    assert out["devices"] == 8 and out["first_refused"] == plain_peak
+    assert abs(peak - plain_peak) <= 6  # 0.01 KiB
+    assert flops == plain_flops
+    assert out["budget"] == int(0.6 * peak)
+    assert out["measured"] <= out["budget"]
+    assert out["grads_equal"]

@@ -62,17 +62,33 @@ def test_placement_rule_fsdp():
 
 def test_no_libtpu_says_how_to_install(monkeypatch):
     monkeypatch.setattr(_target, "libtpu_available", lambda: False)
-    _target._devices.cache_clear()
     loss = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
     w, x = jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8), jnp.float32)
     with pytest.raises(RuntimeError, match=r"libtpu is not installed.*pip install 'remat\[tpu\]'"):
         remat.measure(loss, w, x, target="tpu:v5e:2x2")
     with pytest.raises(RuntimeError, match=r"`remat.plan` got target='tpu:v5e:2x2'"):
         remat.plan(loss, w, x, budget="1MiB", target="tpu:v5e:2x2")
-    _target._devices.cache_clear()
 
 
 def test_a_target_is_not_timed():
     loss = lambda w: jnp.sum(w**2)  # noqa: E731
     with pytest.raises(ValueError, match=r"compiled for, never run here. Pass repeats=0"):
         remat.measure(loss, jnp.ones(3), target="tpu:v5e:2x2", repeats=3)
+
+
+def test_chip_figures_for_pricing_and_the_compilers_limit():
+    """What the planner reads from a TPU device: the chip's peak bf16 rate and host link
+    (offloading's price), and the HBM the compiler gives a program (its refusals say 15.75G
+    on a v5e, 95.74G on a v5p)."""
+    import types
+
+    v5e = types.SimpleNamespace(platform="tpu", device_kind="TPU v5 lite")
+    v5p = types.SimpleNamespace(platform="tpu", device_kind="TPU v5")
+    assert _target.offload_rates(v5e) == (197e12, 1.5e10)
+    assert _target.offload_rates(v5p) == (459e12, 1.5e10)
+    assert _target.usable_bytes(v5e) == 16128 * 2**20
+    assert _target.usable_bytes(v5p) == int(95.74 * 2**30)
+    cpu = jax.devices("cpu")[0]
+    assert _target.offload_rates(cpu) is None and _target.usable_bytes(cpu) is None
+    t = parse_target("tpu:v5e-4")
+    assert (t.flops_per_second, t.host_bandwidth, t.usable_bytes) == (197e12, 1.5e10, 16128 * 2**20)

@@ -14,6 +14,7 @@ pytest.importorskip("libtpu", reason="libtpu is not installed: pip install 'rema
 
 import remat
 from remat._measure._peak import SUM, compiled_memory
+from remat._plan import _memo
 
 MIB = 2**20
 V5E_USABLE = 16128 * MIB  # what a v5e program may use of its 16 GiB (its OOM error: 15.75G)
@@ -92,6 +93,10 @@ def test_hbm_capacity_is_checked_on_hbm_not_on_peak_memory():
 def test_measure_compiles_for_the_target():
     params, x = _mlp_shapes(layers=4, tokens=2048, d=512, f=2048)
     m = remat.measure(_mlp_loss(False), params, x, target="tpu:v5e:2x2")
+    # one set of devices per slice, whoever asks: a model's own `Target.mesh` shardings and
+    # the placement `remat.plan` makes are one program's
+    t = remat.parse_target("tpu:v5e:2x2")
+    assert t.devices("remat.Target")[0] is t.devices("remat.plan")[0]
     assert (m.backend, m.num_devices, m.seconds, m.peak_source) == ("tpu", 4, None, SUM)
     assert m.peak_bytes == m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
     # FSDP placement: each chip holds a quarter of every weight (their largest dimension)
@@ -115,3 +120,69 @@ def test_plan_for_v5e_fits_the_tpu_compilers_peak():
     assert again.backend == "tpu"
     assert again.peak_bytes == plan.measured_peak_bytes
     assert np.isclose(again.flops, plan.measured.flops)
+
+
+@pytest.mark.slow  # 3-4 TPU compiles of a 512K-token step, minutes on this loaded host
+def test_plan_where_the_written_step_is_refused():
+    """The scanned MLP on a v5e 2x2 with 512K tokens: the compiler refuses the step as written
+    (19.91G asked of 15.75G). The planner starts from the step that recomputes everything,
+    plans a budget of 16 GiB at the 15.75 GiB the compiler gives a program, and its plan
+    compiles under it; a relative budget is of the 19.91G the refusal states."""
+    params, x = _mlp_shapes(layers=8, tokens=4 * 131072)
+    loss = _mlp_loss(False)
+    _memo.forget()
+    with pytest.warns(remat.RematWarning, match="the compiler gives a program"):
+        plan = remat.plan(loss, params, x, budget="16GiB", target="tpu:v5e:2x2", verbose=False)
+    assert plan.baseline_peak_bytes == round(19.91 * 2**30)
+    assert plan.budget_bytes == V5E_USABLE
+    assert plan.measured.backend == "tpu"
+    assert plan.measured_peak_bytes <= V5E_USABLE
+    # it recomputes no matmul: the dot saved, its tanh recomputed (8 GiB of dots per chip)
+    assert plan.measured.flops == pytest.approx(plan.baseline_flops, rel=1e-9)
+    half = remat.plan(loss, params, x, budget="50%", target="tpu:v5e:2x2", verbose=False)
+    assert half.budget_bytes == round(19.91 * 2**30) // 2
+    assert half.measured_peak_bytes <= half.budget_bytes
+    _memo.forget()
+
+
+def test_offload_priced_for_the_chip_and_kept_in_host_memory():
+    """On a v5e chip the planner prices an offloaded value at the chip's rates (2 x bytes /
+    1.5e10 s at 197 TFLOP/s) and the compiled step keeps offloaded values in host memory
+    (``host_bytes``: the 4 layers' tanh outputs, 32 MiB; in HBM that saves nothing here,
+    and `remat.measure`'s warning gives TPU's reason). A compile target's report names the
+    slice."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    from remat._report._report import current_machine
+
+    def loss(p, x, offload=False):
+        def body(h, w):
+            a = checkpoint_name(jnp.tanh(h @ w[0]), "act")
+            return h + a @ w[1], None
+
+        if offload:
+            policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+                names_which_can_be_saved=[], names_which_can_be_offloaded=["act"],
+                offload_src="device", offload_dst="pinned_host",
+            )  # fmt: skip
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        h, _ = jax.lax.scan(body, x, p)
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    params, x = _mlp_shapes(layers=4, tokens=2048, d=512, f=2048)
+    # small enough that the checkpoints lower no HBM: the warning gives TPU's reason
+    with pytest.warns(remat.RematWarning, match="kept in on-chip VMEM") as said:
+        m = remat.measure(lambda p, x: loss(p, x, True), params, x, target="tpu:v5e-1")
+    assert not any("jax.lax.scan" in str(w.message) for w in said)
+    assert m.host_bytes == 4 * 2048 * 2048 * 2
+    _memo.forget()
+    remat.plan(loss, params, x, budget="100%", offload=True, target="tpu:v5e-1", verbose=False)
+    (know,) = _memo._MEMORY.values()
+    priced = [n for n in know.prepared.nodes if n.offload_flops is not None]
+    assert priced
+    for n in priced:
+        assert n.offload_flops == pytest.approx(2 * n.bytes * n.multiplicity / 1.5e10 * 197e12)
+    _memo.forget()
+    machine = current_machine(remat.parse_target("tpu:v5e:2x2"))
+    assert (machine.backend, machine.device_kind, machine.device_count) == ("tpu", "TPU v5 lite", 4)
+    assert machine.host.startswith("tpu:v5e:2x2, compiled (never run) on ")

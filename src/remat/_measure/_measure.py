@@ -40,6 +40,7 @@ from ._checks import _check_args, _check_scalar
 from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, compiled_platform, peak_bytes
+from ._refusal import refusal_of
 from ._residuals import saved_residuals
 from ._step import Step, as_step, grad_step, loss_of, lower_step, time_step
 
@@ -62,10 +63,19 @@ _WORSE_THAN_WRITTEN = (
 _SAVES_NOTHING = (
     "`remat.measure`: the checkpoints in {name} recompute, but the compiled peak, {peak:.2f} MiB, "
     "is not 2% below the {plain:.2f} MiB of the same program without checkpoints: they add "
-    "work and save no memory. Outside a loop XLA is free to schedule every recomputation early, so "
-    "the recomputed values live as long as the originals. Fix: put the layers in a "
-    "`jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`) and checkpoint the scan body, e.g. with "
+    "work and save no memory. {why}"
+)
+_WHY_OUTSIDE_LOOP = (
+    "Outside a loop XLA is free to schedule every recomputation early, so the recomputed values "
+    "live as long as the originals. Fix: put the layers in a `jax.lax.scan` (or "
+    "`flax.linen.scan` / `nnx.scan`) and checkpoint the scan body, e.g. with "
     "`remat.apply(fn, strategy)`."
+)
+_WHY_TPU = (
+    "On TPU the peak is the chip's HBM: the values the checkpoints save from may be kept in "
+    "on-chip VMEM (128 MiB on a v5e), which costs no HBM, or be smaller than what else is live "
+    "at the peak (see docs/tpu.md). Checkpointing pays on TPU where the saved values are larger "
+    "than that: a longer or wider step; `remat.plan` chooses what to save by the compiled peak."
 )
 _CAUSE_CPU = (
     "Cause: on the CPU backend XLA expands the optimisation barriers of `jax.checkpoint` before "
@@ -321,14 +331,13 @@ def measure(
         plain_step = grad_step(plain, spec)
         remembered = _FLOPS_MEMO.get(key) if key is not None else None
         if remembered is None:
-            compiled_plain = lower_step(plain, args, spec).compile()
-            remembered = (hlo_flops(compiled_plain.as_text()), peak_bytes(compiled_plain))
+            remembered = _plain_twin(plain, args, spec)
             _remember(key, remembered)
-        plain_peak = remembered[1]
-        traced = traced_dot_flops(jax.make_jaxpr(step)(*args).jaxpr)
-        traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
-        plain_flops = remembered[0]
-        eliminated = traced > traced_plain and flops <= plain_flops
+        plain_flops, plain_peak = remembered
+        if plain_flops is not None:
+            traced = traced_dot_flops(jax.make_jaxpr(step)(*args).jaxpr)
+            traced_plain = traced_dot_flops(jax.make_jaxpr(plain_step)(*args).jaxpr)
+            eliminated = traced > traced_plain and flops <= plain_flops
     backend = compiled_platform(compiled)
     name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
     if eliminated:
@@ -352,7 +361,10 @@ def measure(
     ):
         warnings.warn(
             _SAVES_NOTHING.format(
-                name=name, peak=memory["peak_bytes"] / 2**20, plain=plain_peak / 2**20
+                name=name,
+                peak=memory["peak_bytes"] / 2**20,
+                plain=plain_peak / 2**20,
+                why=_WHY_TPU if backend == "tpu" else _WHY_OUTSIDE_LOOP,
             ),
             RematWarning,
             stacklevel=2,
@@ -376,6 +388,18 @@ def measure(
     )
 
 
+def _plain_twin(plain: Any, args: Sequence[Any], spec: Any) -> tuple[float | None, int | None]:
+    """(FLOPs, peak) of the program without checkpoints; (None, None) where the compiler
+    refuses it for memory (a TPU target: the checkpointed step fits, the plain one does not)."""
+    try:
+        compiled_plain = lower_step(plain, args, spec).compile()
+    except jax.errors.JaxRuntimeError as err:
+        if refusal_of(err) is None:
+            raise
+        return None, None
+    return hlo_flops(compiled_plain.as_text()), peak_bytes(compiled_plain)
+
+
 def _warn_if_worse(fn, args, spec, peak: int, written_peak, label: str, name: str) -> None:
     """Warns when a strategy's peak is above that of a program that checkpoints already."""
     sites = checkpoint_sites(jax.make_jaxpr(fn)(*args).jaxpr)
@@ -385,10 +409,11 @@ def _warn_if_worse(fn, args, spec, peak: int, written_peak, label: str, name: st
         key = _memo_key(fn, spec, args)
         remembered = _FLOPS_MEMO.get(key) if key is not None else None
         if remembered is None:
-            compiled = lower_step(fn, args, spec).compile()
-            remembered = (hlo_flops(compiled.as_text()), peak_bytes(compiled))
+            remembered = _plain_twin(fn, args, spec)
             _remember(key, remembered)
         written_peak = remembered[1]
+        if written_peak is None:  # refused by the compiler: any peak that compiles is lower
+            return
     if peak > written_peak:
         message = _WORSE_THAN_WRITTEN.format(
             strategy=label, name=name, written=written_peak / 2**20, peak=peak / 2**20,

@@ -94,6 +94,8 @@ class Measurement:
         compiled it (the program asks for recomputation); None otherwise.
       plain_peak_bytes: the compiled peak of the program without checkpoints, when `measure`
         compiled it (the program asks for recomputation); None otherwise.
+      host_bytes: what the step keeps in host memory (values offloaded to it: XLA's
+        ``host_temp_size_in_bytes``), not part of ``peak_bytes``; 0 on CPU.
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -126,6 +128,7 @@ class Measurement:
     num_devices: int = 1
     plain_flops: float | None = None
     plain_peak_bytes: int | None = None
+    host_bytes: int = 0
 
     @property
     def saves_nothing(self) -> bool:

@@ -63,6 +63,9 @@ class CompiledMemory:
       peak_source: ``"temp+argument+output-alias"``, ``"peak_memory_in_bytes"`` or
         ``"unavailable"``.
       temp_bytes, argument_bytes, output_bytes, alias_bytes: XLA's figures.
+      host_bytes: the program's temporaries in host memory (``host_temp_size_in_bytes``:
+        values offloaded with ``save_and_offload_only_these_names``; 0 on CPU, where "host"
+        is the device's own memory). Not part of the peak.
 
     Example:
       >>> from remat._measure._peak import CompiledMemory
@@ -77,6 +80,7 @@ class CompiledMemory:
     argument_bytes: int
     output_bytes: int
     alias_bytes: int
+    host_bytes: int = 0
 
     @classmethod
     def from_parts(
@@ -143,7 +147,7 @@ def compiled_memory(compiled: Any) -> CompiledMemory:
     stats = compiled.memory_analysis()
     if stats is None:
         return CompiledMemory(0, UNAVAILABLE, 0, 0, 0, 0)
-    return CompiledMemory.from_parts(
+    memory = CompiledMemory.from_parts(
         temp=int(stats.temp_size_in_bytes),
         argument=int(stats.argument_size_in_bytes),
         output=int(stats.output_size_in_bytes),
@@ -151,6 +155,8 @@ def compiled_memory(compiled: Any) -> CompiledMemory:
         backend_peak=int(getattr(stats, "peak_memory_in_bytes", 0) or 0),
         platform=compiled_platform(compiled),
     )
+    host = int(getattr(stats, "host_temp_size_in_bytes", 0) or 0)
+    return dataclasses.replace(memory, host_bytes=host)
 
 
 def peak_bytes(compiled: Any) -> int:

@@ -86,10 +86,15 @@ class DecoderLayer(nn.Module):
     mlp_dim: int
     kv_heads: int | None = None  # fewer than ``heads``: grouped-query attention
     dtype: Any = jnp.float32  # the compute dtype; parameters stay float32
+    # The sharding of the (batch, seq, d_model) activations, as MaxText's logical axis rules
+    # give it (the batch over the data and FSDP axes), or None: XLA propagates one from the
+    # parameters (with FSDP sharding the weights, it keeps the activations whole).
+    activations: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
         _, seq, d = x.shape
+        x = constrain(x, self.activations)
         hd = d // self.heads
         kv = self.kv_heads or self.heads
 
@@ -114,7 +119,12 @@ class DecoderLayer(nn.Module):
         wi0 = checkpoint_name(dense(self.mlp_dim, "wi_0")(h), "mlpwi_0")
         wi1 = checkpoint_name(dense(self.mlp_dim, "wi_1")(h), "mlpwi_1")
         wo = checkpoint_name(dense(d, "wo")(nn.silu(wi0) * wi1), "mlpwo")
-        return x + wo, None
+        return constrain(x + wo, self.activations), None
+
+
+def constrain(x: jax.Array, sharding: Any) -> jax.Array:
+    """``x`` constrained to ``sharding`` (None: left to XLA's propagation)."""
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
 class Decoder(nn.Module):
@@ -127,10 +137,12 @@ class Decoder(nn.Module):
     remat: bool = False
     kv_heads: int | None = None
     dtype: Any = jnp.float32
+    activations: Any = None  # see `DecoderLayer.activations`
 
     @nn.compact
     def __call__(self, tokens):
         x = nn.Embed(self.vocab, self.d_model, name="token_embedder", dtype=self.dtype)(tokens)
+        x = constrain(x, self.activations)
         layer = DecoderLayer
         if self.remat:
             layer = nn.remat(layer, policy=self.policy, prevent_cse=False)
@@ -139,11 +151,12 @@ class Decoder(nn.Module):
             variable_axes={"params": 0},
             split_rngs={"params": True},
             length=self.layers,
-        )(self.d_model, self.heads, self.mlp_dim, self.kv_heads, self.dtype, name="layers")
+        )(self.d_model, self.heads, self.mlp_dim, self.kv_heads, self.dtype, self.activations,
+          name="layers")  # fmt: skip
         x, _ = stack(x, None)
         x = RMSNorm(name="decoder_norm")(x)
         logits = nn.DenseGeneral(self.vocab, use_bias=False, name="logits_dense", dtype=self.dtype)
-        return logits(x)
+        return constrain(logits(x), self.activations)
 
 
 def make_decoder(policy_names: tuple[str, ...] | None, sizes: dict):
@@ -189,7 +202,7 @@ def _model(policy_names: tuple[str, ...] | None, sizes: dict):
     model = Decoder(
         sizes["layers"], sizes["d_model"], sizes["heads"], sizes["mlp_dim"], sizes["vocab"],
         policy=policy, remat=use_remat, kv_heads=sizes.get("kv_heads"),
-        dtype=sizes.get("dtype", jnp.float32),
+        dtype=sizes.get("dtype", jnp.float32), activations=sizes.get("activations"),
     )  # fmt: skip
 
     def loss(params, tokens):

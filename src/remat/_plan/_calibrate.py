@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,10 +29,11 @@ from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
 from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
-from .._shard._target import compile_device
+from .._shard._target import compile_device, offload_rates
 from .._trace._checkpoints import checkpoint_sites
 from .._trace._tag import planned_scans, rewrite
-from ._compile import compile_measure, light_peak, peak_of
+from ._baseline import baseline_step, memory_limit, refused_peak
+from ._compile import light_peak, peak_of
 from ._costmodel import ScanModel, model_scans
 from ._milp import Node, Option
 from ._options import (
@@ -108,6 +110,11 @@ class Prepared:
     # scan-alone programs do not see (`_memo.Knowledge.margin` before a plan is verified).
     # None when calibrated on compiled steps, or when the baseline is another program's.
     margin: float | None = None
+    # The compiler's refusal of the un-checkpointed step (`_baseline`); None where it compiled.
+    refusal: Any = None
+    # The most memory the compiler gives a program (a TPU chip's usable HBM), where known:
+    # a budget above it is planned at it (`_baseline.budget_within`).
+    limit: int | None = None
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -158,27 +165,40 @@ def prepare(
     cands = candidates(models, schedules)
     nodes, options, offsets = assemble(cands)
     if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
-        nodes = offload_costs(nodes, cands, offsets, models, host_bandwidth)
+        rates = offload_rates(compile_device(args))  # a TPU target: its chip's rate
+        nodes = offload_costs(
+            nodes, cands, offsets, models, host_bandwidth, rates[0] if rates else None
+        )
     print_ = fingerprint(fn, *args)
     written = tuple(str(s) for s in checkpoint_sites(jax.make_jaxpr(fn)(*args).jaxpr))
     model_seconds = time.perf_counter() - clock
     per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
+    # Where the compiler refuses the un-checkpointed step, a checkpointed one stands in
+    # (`_baseline`); ``first`` is (baseline, refusal, the step that recomputes everything).
+    first = functools.partial(baseline_step, fn, args, argnums, cands, offsets, models, per_step)
+    refusal = recomputing = None
     if devices > 1:
         if baseline is None:
             say("compiling the un-checkpointed step")
-            baseline = compile_measure(fn, args, argnums, "none", None)
+            baseline, refusal, recomputing = first()
         say("calibrating on compiled steps")
-        fit, calibration, scan_fits = step_fit(fn, args, argnums, cands, offsets, models, per_step)
+        fit, calibration, scan_fits = step_fit(
+            fn, args, argnums, cands, offsets, models, per_step, refusal, recomputing
+        )
         alone, margin = (), None
     else:
         say("compiling the un-checkpointed step and each scan alone")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
-            pending = baseline or pool.submit(compile_measure, fn, args, argnums, "none", None)
+            pending = baseline or pool.submit(first)
+            measured = pending if baseline else _First(pending)
             fit, calibration, scan_fits, alone, margin = scan_fit(
-                infos, cands, offsets, models, per_step, pending, compile_device(args),
+                infos, cands, offsets, models, per_step, measured, compile_device(args),
                 written=baseline is None,
             )  # fmt: skip
-            baseline = pending if baseline else pending.result()
+            if not baseline:
+                baseline, refusal, recomputing = pending.result()
+        if refusal is not None:  # the stand-in recomputes everything: it shows no margin
+            margin = None
     base, stored, slice_weight, weight = fit
     if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
         clock = time.perf_counter()
@@ -213,7 +233,19 @@ def prepare(
         scan_fingerprints=scan_fingerprints(infos),
         written=written,
         margin=margin,
+        refusal=refusal,
+        limit=memory_limit(refusal, compile_device(args)),
     )
+
+
+class _First:
+    """The baseline's measurement from `baseline_step`'s pending result (for `scan_fit`)."""
+
+    def __init__(self, pending: Any) -> None:
+        self._pending = pending
+
+    def result(self) -> Measurement:
+        return self._pending.result()[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,13 +348,21 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     return fit, calibration, tuple(fits), tuple(alone), margin
 
 
-def step_fit(fn, args, argnums, cands, offsets, models, per_step):
+def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, recomputing=None):
     """The memory model fitted on compiled steps: every needed value saved, nothing saved,
-    and every unfused value saved (see `calibrate` and `calibrate3`)."""
+    and every unfused value saved (see `calibrate` and `calibrate3`).
+
+    Where the compiler refused the un-checkpointed step (``refusal``), the step that saves
+    everything is not compiled: its peak is the memory the refusal states, and the step that
+    saves nothing is the one compiled in the baseline's place (``recomputing``)."""
     everything = fixed_choice(cands, offsets, models, per_step, save=True)
     nothing = fixed_choice(cands, offsets, models, per_step, save=False)
-    peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
-    peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
+    if refusal is not None and recomputing is not None:
+        peak_all = refused_peak(refusal, fn, args, argnums, everything.choices)
+        peak_none = recomputing.peak_bytes
+    else:
+        peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
+        peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
     # The stored term includes one step's copy of the saved values (see `SLICE_WEIGHT`).
     base, stored, weight = calibrate(
         peak_all, everything.stored + SLICE_WEIGHT * everything.sliced + everything.transient,

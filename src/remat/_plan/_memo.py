@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from .._measure._measurement import Measurement
+from ._baseline import REFUSED
 from ._calibrate import Prepared
 from ._compile import peak_of
 
@@ -117,7 +118,11 @@ def cost(prep: Prepared, known: Known) -> float:
 
 def best_known(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
     """The compiled point with the fewest FLOPs that fits, the smallest peak among equals."""
-    fits = [k for k in know.measured.values() if peak_of(k.measured) <= budget_bytes]
+    fits = [
+        k
+        for k in know.measured.values()
+        if peak_of(k.measured) <= budget_bytes and k.measured.peak_source != REFUSED
+    ]
     if not fits:
         return None
     return min(fits, key=lambda k: (cost(prep, k), peak_of(k.measured)))

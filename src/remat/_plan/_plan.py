@@ -41,7 +41,7 @@ from .._core._budget import device_memory_bytes, read_budget
 from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
 from .._core._warnings import RematWarning
 from .._measure._step import Step, argnums_of, as_step
-from .._shard._target import as_target, compile_device, placement
+from .._shard._target import as_target, compile_device, offload_rates, placement
 from .._trace._eqx import has_modules, taking_modules, with_modules_split
 from .._trace._traced import traced_once
 from ._args import (
@@ -72,7 +72,7 @@ def plan(
     max_rounds: int = 4,
     device_memory: int | None = None,
     offload: bool = False,
-    host_bandwidth: float = HOST_BANDWIDTH,
+    host_bandwidth: float | None = None,
     has_aux: bool = False,
     optimizer: Any = None,
     roll: bool = True,
@@ -112,10 +112,12 @@ def plan(
         ``target``: its chip's memory (`remat.Target.hbm_bytes`).
       offload: also consider keeping saved values in host memory (see `remat._core._offload`),
         at a cost of ``2 * bytes / host_bandwidth`` seconds each, weighed against
-        recomputation at the device's measured matmul rate. Only where the device has a
-        host memory space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and
-        the plan is made without offloading.
-      host_bandwidth: device-to-host bytes per second, each way (default 25e9, PCIe 4.0).
+        recomputation at the device's measured matmul rate (on a ``target``: its chip's peak
+        bf16 rate, `remat.Target.flops_per_second`). Only where the device has a host memory
+        space of its own; elsewhere (e.g. on CPU) a `RematWarning` says why and the plan is
+        made without offloading.
+      host_bandwidth: device-to-host bytes per second, each way; ``None``: a ``target``
+        chip's host link (`remat.Target.host_bandwidth`, 1.5e10), else 25e9 (PCIe 4.0).
       has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; ``plan.fn``
         returns the same pair.
       optimizer: an optax ``GradientTransformation``: the budget is the peak of the whole
@@ -179,7 +181,8 @@ def plan(
     check_bool(offload, "offload")
     check_bool(verbose, "verbose")
     device_memory = check_device_memory(device_memory)
-    host_bandwidth = check_host_bandwidth(host_bandwidth)
+    if host_bandwidth is not None:
+        host_bandwidth = check_host_bandwidth(host_bandwidth)
     if device_memory is None:
         device_memory = (
             device_memory_bytes() if compile_target is None else compile_target.hbm_bytes
@@ -187,6 +190,9 @@ def plan(
     spec = _step_spec(argnums, has_aux, optimizer)
     if compile_target is not None:
         args = compile_target.place(args, argnums_of(spec), "remat.plan")
+    if host_bandwidth is None:
+        rates = offload_rates(compile_device(args))
+        host_bandwidth = rates[1] if rates else HOST_BANDWIDTH
     offload = _offload_wanted(offload, host_bandwidth, compile_device(args))
     bandwidth = host_bandwidth if offload else None
     user = fn if has_modules(args) else None  # Equinox modules, split (see `_trace._eqx`)

@@ -20,8 +20,12 @@ import functools
 import time
 from typing import Any
 
+import jax
+
 from .._core._budget import Budget
+from .._measure._refusal import refusal_of
 from ._alone import charged_options, check_alone
+from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost
@@ -67,7 +71,9 @@ def plan_prepared(
     say = progress or (lambda _: None)
     know = knowledge if knowledge is not None else Knowledge(prep)
     (counts0, seconds0), clock = since or (tally(), time.perf_counter())
+    check_relative(budget.spec, budget.fraction, prep.refusal)
     budget_bytes = budget.to_bytes(peak_of(prep.baseline), device_memory)
+    budget_bytes = budget_within(budget.spec, budget_bytes, prep.limit)
     base = prep.baseline
     floor = base.argument_bytes + base.output_bytes - base.alias_bytes
     if budget_bytes < floor:  # the peak is temporaries + this (`_measure._peak`)
@@ -171,6 +177,8 @@ def plan_prepared(
         checks = 0
         known = know.measured[key]
         over = peak_of(known.measured) - budget_bytes
+        if known.measured.peak_source == REFUSED:
+            over = max(over, 1)
         if over <= 0:
             fallback = None
             point = cheaper_point(prep, know, budget_bytes) if rounds < max_rounds else None
@@ -213,7 +221,8 @@ def plan_prepared(
         seconds=time.perf_counter() - clock,
     )  # fmt: skip
     if best is None:
-        least = min(know.measured.values(), key=lambda k: peak_of(k.measured), default=None)
+        compiled = [k for k in know.measured.values() if k.measured.peak_source != REFUSED]
+        least = min(compiled, key=lambda k: peak_of(k.measured), default=None)
         smallest_peak = prep.smallest if least is None else peak_of(least.measured)
         raise InfeasibleBudget(
             budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
@@ -242,11 +251,22 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None) -> None:
     """Compiles and measures the step with ``choice`` and records it in ``know`` under
     ``key``, with its prediction (the scan-alone ``alone``, or what ``beside``, run while
     the step compiles, returns, plus ``margin``) and the memory outside the scans it shows."""
-    measured = compile_measure(
-        _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline, meanwhile=beside
-    )
+    try:
+        measured = compile_measure(
+            _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline, meanwhile=beside
+        )
+    except jax.errors.JaxRuntimeError as err:  # over the device's memory: never a plan
+        refusal = refusal_of(err)
+        if refusal is None:
+            raise
+        if beside is not None:
+            alone, _ = beside()
+        measured = refused(prep.baseline, refusal, prep.baseline.flops + choice.flops)
+        know.measured[key] = Known(choice, measured, int(alone + margin), alone)
+        return
     if beside is not None:
         measured, (alone, _) = measured
+    check_offloaded(choice, measured)
     know.margin = peak_of(measured) - alone
     know.measured[key] = Known(choice, measured, int(alone + margin), alone)
 

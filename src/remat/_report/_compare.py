@@ -185,7 +185,9 @@ def compare(
                 )
             )
         advance(None)
-    return Report(rows=tuple(rows), baseline=base_label, machine=current_machine(), title=title)
+    return Report(
+        rows=tuple(rows), baseline=base_label, machine=current_machine(compile_target), title=title
+    )
 
 
 @contextlib.contextmanager

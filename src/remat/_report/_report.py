@@ -14,7 +14,6 @@ import io
 import json
 import numbers
 import os
-import platform
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from .._core._budget import MIB
 from .._core._io import atomic_write_text
 from .._core._plain import from_plain
 from .._measure._measurement import SAVES_NOTHING_FRACTION, Measurement
+from ._machine import Machine as Machine
+from ._machine import current_machine as current_machine
 from ._pareto import pareto_front
 
 _FORMAT = "remat.Report"
@@ -56,60 +57,6 @@ _BAD_FRACTION = (
     "`remat.Report.cheapest` got max_peak_fraction={got!r}; expected a number > 0, the budget "
     "as a fraction of the baseline's peak, e.g. 0.5 for half the memory."
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Machine:
-    """Where a report was measured.
-
-    Attributes:
-      backend: JAX's default backend (``"cpu"``, ``"gpu"``, ``"tpu"``).
-      device_kind: the first device's kind, e.g. ``"cpu"`` or ``"NVIDIA H100 80GB HBM3"``.
-      device_count: number of devices JAX sees.
-      jax_version: ``jax.__version__``.
-      host: the host's operating system and CPU, with its number of cores.
-
-    Example:
-      >>> from remat import Machine
-      >>> Machine("gpu", "NVIDIA H100 80GB HBM3", 8, "0.10.2").describe()
-      'gpu (NVIDIA H100 80GB HBM3 x8), jax 0.10.2'
-    """
-
-    backend: str
-    device_kind: str
-    device_count: int
-    jax_version: str
-    host: str = ""
-
-    def describe(self) -> str:
-        """One line, e.g. ``"cpu (cpu x1), jax 0.10.2, Linux x86_64, AMD EPYC, 2 cores"``."""
-        text = f"{self.backend} ({self.device_kind} x{self.device_count}), jax {self.jax_version}"
-        return f"{text}, {self.host}" if self.host else text
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def current_machine() -> Machine:
-    """The `Machine` this process runs on (JAX's default backend)."""
-    import jax
-
-    device = jax.devices()[0]
-    host = f"{platform.system()} {platform.machine()}, {_cpu_model()}, {os.cpu_count()} cores"
-    return Machine(
-        backend=jax.default_backend(),
-        device_kind=str(device.device_kind),
-        device_count=jax.device_count(),
-        jax_version=jax.__version__,
-        host=host,
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,24 @@ import numpy as np
 # "the chip's memory" is this; the compiler itself keeps a little of it back (15.75 GiB of a
 # v5e's 16 are usable by a program, as its out-of-memory error says).
 HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+# The HBM the TPU compiler gives one program per chip, as its out-of-memory refusal states it
+# ("exceeds available HBM (15.75G)"; libtpu 0.0.42.1, deviceless, `chip_config_name`
+# "default"), GiB to two decimals. A v4's 32 GiB are shared by its two TensorCores: the
+# default chip config compiles for one of them.
+USABLE_HBM_GIB = {"v4": 15.25, "v5e": 15.75, "v5p": 95.74, "v6e": 31.25}
+# Peak bf16 matmul FLOP/s per chip (TFLOP/s), as Google's Cloud TPU system architecture
+# pages list them (v4: 275, v5e: 197, v5p: 459, v6e (Trillium): 918). The planner prices
+# recomputation at this rate on a target, so an offloaded value is weighed against the
+# fastest the chip could recompute it.
+PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
+# Bytes per second between one chip and its host, each way (PCIe). Google does not list it
+# per chip; "How to Scale Your Model" (jax-ml.github.io/scaling-book, "How to Think About
+# TPUs") works its examples with 1.5e10 for a v6e's PCIe link, and gives 16-32 GB/s for the
+# host link of current TPUs. 1.5e10 is used for every generation: an estimate, on the side
+# of slower transfers (pass ``host_bandwidth=`` to `remat.plan` with your own measurement).
+HOST_LINK_BYTES_PER_SECOND = 1.5e10
+# `jax.Device.device_kind` of each chip's devices.
+_DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v6 lite": "v6e"}
 # TensorCores per chip: a Cloud TPU name ``v5p-8`` counts cores, ``v5e-16`` chips.
 _CORES_PER_CHIP = {"v4": 2, "v5e": 1, "v5p": 2, "v6e": 1}
 # The chips of one host in the slices Cloud TPU sells (x, y, z); a deviceless compile only
@@ -113,6 +131,23 @@ class Target:
     def hbm_bytes(self) -> int:
         """One chip's high-bandwidth memory, in bytes (`HBM_GIB`): a budget that fills a chip."""
         return HBM_GIB[self.chip] * 2**30
+
+    @property
+    def usable_bytes(self) -> int:
+        """The HBM the TPU compiler gives one program on a chip (`USABLE_HBM_GIB`): it
+        refuses a program above it."""
+        return int(USABLE_HBM_GIB[self.chip] * 2**30)
+
+    @property
+    def flops_per_second(self) -> float:
+        """One chip's peak bf16 matmul rate (`PEAK_TFLOPS`), FLOP/s."""
+        return PEAK_TFLOPS[self.chip] * 1e12
+
+    @property
+    def host_bandwidth(self) -> float:
+        """Bytes per second between one chip and its host, each way
+        (`HOST_LINK_BYTES_PER_SECOND`, an estimate)."""
+        return HOST_LINK_BYTES_PER_SECOND
 
     def devices(self, where: str = "remat.Target") -> list[Any]:
         """The slice's devices, from the TPU compiler's description of its topology.
@@ -275,28 +310,35 @@ def require_libtpu(target: Target, where: str) -> None:
         raise RuntimeError(_NO_LIBTPU.format(where=where, got=target.name, python=sys.executable))
 
 
-@functools.cache
 def _devices(target: Target, where: str) -> tuple[Any, ...]:
     require_libtpu(target, where)
+    try:
+        return _topology_devices(target)
+    except Exception as err:  # the compiler's own words for what it refused
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            _TOPOLOGY_FAILED.format(where=where, got=target.name, error=first, chips=_chips())
+        ) from err
+
+
+@functools.cache
+def _topology_devices(target: Target) -> tuple[Any, ...]:
+    """The slice's devices, built once per process and target: every mesh and placement of
+    a target is on the same device objects (a sharding built by `Target.mesh` in the user's
+    model and one `Target.place` makes inside `remat.plan` are one program's devices)."""
     from jax.experimental import topologies
 
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     axes = (*target.topology, 1, 1)[:3]
     bounds = tuple(min(d, b) for d, b in zip(axes, _HOST_BOUNDS, strict=True))
     name = f"{target.chip}:{'x'.join(str(d) for d in target.topology)}"
-    try:
-        topology = topologies.get_topology_desc(
-            platform="tpu",
-            topology_name=name,
-            chip_config_name="default",
-            chips_per_host_bounds=bounds,
-            num_slices=target.num_slices,
-        )
-    except Exception as err:  # the compiler's own words for what it refused
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(
-            _TOPOLOGY_FAILED.format(where=where, got=target.name, error=first, chips=_chips())
-        ) from err
+    topology = topologies.get_topology_desc(
+        platform="tpu",
+        topology_name=name,
+        chip_config_name="default",
+        chips_per_host_bounds=bounds,
+        num_slices=target.num_slices,
+    )
     return tuple(topology.devices)
 
 
@@ -346,3 +388,41 @@ def compile_device(args: Sequence[Any]) -> Any:
         if isinstance(sharding, jax.sharding.Sharding):
             return min(sharding.device_set, key=lambda d: d.id)
     return None
+
+
+def chip_of(device: Any) -> str | None:
+    """The TPU chip (``"v5e"``, ...) of ``device``, or None for any other device."""
+    if getattr(device, "platform", None) != "tpu":
+        return None
+    return _DEVICE_KINDS.get(getattr(device, "device_kind", None) or "")
+
+
+def offload_rates(device: Any) -> tuple[float, float] | None:
+    """``(matmul FLOP/s, host bytes/s)`` of a TPU chip (`PEAK_TFLOPS`,
+    `HOST_LINK_BYTES_PER_SECOND`), what the planner prices offloading with on a target; None
+    for a device that is not a TPU chip listed there (its rate is measured by running).
+
+    Example:
+      >>> import types
+      >>> from remat._shard._target import offload_rates
+      >>> offload_rates(types.SimpleNamespace(platform="tpu", device_kind="TPU v5 lite"))
+      (197000000000000.0, 15000000000.0)
+    """
+    chip = chip_of(device)
+    if chip is None:
+        return None
+    return PEAK_TFLOPS[chip] * 1e12, HOST_LINK_BYTES_PER_SECOND
+
+
+def usable_bytes(device: Any) -> int | None:
+    """The HBM the TPU compiler gives one program on ``device`` (`USABLE_HBM_GIB`), or None
+    for a device that is not a TPU chip listed there.
+
+    Example:
+      >>> import jax
+      >>> from remat._shard._target import usable_bytes
+      >>> usable_bytes(jax.devices("cpu")[0]) is None
+      True
+    """
+    chip = chip_of(device)
+    return None if chip is None else int(USABLE_HBM_GIB[chip] * 2**30)
