@@ -111,7 +111,14 @@ UNSEEN = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(UNSEEN))
+# The wider GPT repeats the narrower one's case at another width and batch: a slow sweep.
+SLOW_UNSEEN = {"gpt-d96-b8"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_UNSEEN else n for n in sorted(UNSEEN)],
+)
 def test_predictions_within_5_percent_on_unseen_programs(name):
     loss, args = UNSEEN[name]()
     planned = 0
