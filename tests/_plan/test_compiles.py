@@ -229,21 +229,18 @@ def test_zero_slack_below_the_least_memory_the_model_knows():
     linear model knows. At exactly that peak the planner still finds a plan (it tries
     saving the program's own named values one at a time), as cheap as the preset."""
     from remat._models._maxtext import PRESETS, QUICK, make_decoder
+    from remat._plan._compile import compile_measure
 
     _memo.forget()
-    preset = remat.measure(*_flat(make_decoder(PRESETS["save_out_proj"], QUICK)), repeats=0)
-    full = remat.measure(*_flat(make_decoder(PRESETS["full"], QUICK)), repeats=0)
+    # each preset's step measured as the planner measures its plans: one compile apiece
+    preset = compile_measure(*make_decoder(PRESETS["save_out_proj"], QUICK), 0, "preset", None)
+    full = compile_measure(*make_decoder(PRESETS["full"], QUICK), 0, "full", None)
     assert preset.peak_bytes < full.peak_bytes  # the premise: the cut saves memory
     loss, args = make_decoder(None, QUICK)
     p = remat.plan(loss, *args, budget=preset.peak_bytes, verbose=False)
     assert p.measured_peak_bytes <= preset.peak_bytes
     assert p.measured.flops <= preset.flops
     assert p.stats.step_compiles <= 3
-
-
-def _flat(made):
-    loss, args = made
-    return (loss, *args)
 
 
 def test_the_cyclic_collector_is_paused_during_a_plan_and_restored():
