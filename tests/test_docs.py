@@ -15,7 +15,8 @@ new block is tested as soon as it is written; the fence's info string says how
 - ```` ```bash ```` / ```` ```console ````: every command (``$ `` lines in a console block)
   runs with bash from a folder that holds the repository's ``examples/`` and ``src/``, with
   this Python's environment first on ``PATH`` (``remat``, ``python``); a console block's
-  other lines are the output, checked as above.
+  other lines are the output, checked as above. A block whose every command is a plain
+  ``remat ...`` runs them through the CLI's ``main`` in this process (`_run_remat`).
 - ``notest`` after the language (```` ```bash notest ````): shown, never run (a command that
   needs a GPU, the test suite itself); the text around it says why.
 - Any other language (``text``, none) is shown, never run.
@@ -32,9 +33,11 @@ import dataclasses
 import io
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -208,9 +211,67 @@ def _commands(block: Block) -> list[tuple[str, str | None]]:
     return out
 
 
+QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+SHELL_SYNTAX = re.compile(r"[|&;<>()$`*?~{}\[\]\\]")
+
+
+def _remat_argv(command: str) -> list[str] | None:
+    """The arguments of a command that is the ``remat`` CLI alone (words, quotes and a
+    trailing comment: no pipe, redirection, expansion or second command), else None."""
+    if SHELL_SYNTAX.search(QUOTED.sub("''", command).split(" #")[0]):
+        return None
+    words = shlex.split(command, comments=True)
+    return words[1:] if words and words[0] == "remat" else None
+
+
+def _run_remat(argv: list[str], folder: Path) -> tuple[int, str]:
+    """``remat ARGV`` run by the CLI's `main` in this process from ``folder``: its exit code
+    and what it printed (stdout and stderr, as a terminal shows them). The same code as the
+    console script without a new interpreter's start (importing JAX, compiling the factory's
+    small programs again); tests/_cli runs the script itself in a process of its own."""
+    from remat._cli._cli import main
+
+    printed = io.StringIO()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        printed.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with (
+        contextlib.chdir(folder),
+        contextlib.redirect_stdout(printed),
+        contextlib.redirect_stderr(printed),
+        warnings.catch_warnings(),
+    ):
+        # a new interpreter's filters (not the suite's "error"): warnings are printed
+        warnings.resetwarnings()
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                         ResourceWarning):  # fmt: skip
+            warnings.simplefilter("ignore", category)
+        warnings.showwarning = show
+        code = main(argv)
+    return code, printed.getvalue()
+
+
 @pytest.mark.parametrize("block", shells(), ids=lambda b: b.where)
 def test_shell_block_runs_as_written(block, tmp_path):
+    """A block whose every command is a ``remat`` command runs them with the CLI's `main` in
+    this process (`_run_remat`); any other block runs with bash in a new process."""
     folder = _folder(tmp_path)
+    commands = _commands(block)
+    if block.lang == "bash":  # one command a line (a comment line is none)
+        lines = [line for line in block.code.splitlines() if line.strip()]
+        if all(_remat_argv(line) is not None for line in lines):
+            commands = [(line, None) for line in lines]
+    if all(_remat_argv(command) is not None for command, _ in commands):
+        for command, expected in commands:
+            code, printed = _run_remat(_remat_argv(command), folder)
+            assert code == 0, f"{block.where}: {command!r} exited {code}:\n{printed}"
+            if expected:
+                assert matches(expected, printed), (
+                    f"{block.where}: {command!r} printed:\n{printed}\nthe document shows:\n"
+                    f"{expected}"
+                )
+        return
     bindir = os.path.dirname(sys.executable)
     env = {
         **os.environ,
@@ -224,7 +285,7 @@ def test_shell_block_runs_as_written(block, tmp_path):
         script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m remat "$@"\n')
         script.chmod(0o755)
         env["PATH"] = f"{folder / 'bin'}{os.pathsep}{env['PATH']}"
-    for command, expected in _commands(block):
+    for command, expected in commands:
         done = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", command],
             cwd=folder,

@@ -18,6 +18,7 @@ import pytest
 import remat
 from conftest import assert_tree_allclose
 from remat._measure._peak import peak_bytes
+from remat._plan._compile import COMPILER_OPTIONS
 
 L, B, D, H = 4, 64, 32, 128
 
@@ -83,20 +84,32 @@ def run_steps(step, state, *batch, n=3):
     return state, history
 
 
+def step_peak(step, *args):
+    """The compiled peak of a jitted step (compiled as the planner compiles: read, not run)."""
+    return peak_bytes(step.lower(*args).compile(COMPILER_OPTIONS))
+
+
+@functools.cache
+def linen_plain():
+    """The plain step's run and peak, shared by both forms of the plan."""
+    state, x, y, key, _ = linen_setup()
+    step = linen_train_step(None)
+    return (*run_steps(step, state, x, y, key), step_peak(step, state, x, y, key))
+
+
 @pytest.mark.parametrize("form", ["plan", "file"])
 def test_linen_train_state_step_with_a_plan(form, tmp_path):
     state, x, y, key, plan = linen_setup()
     strategy = plan if form == "plan" else str(plan.to_json(tmp_path / "plan.json"))
-    plain_state, plain = run_steps(linen_train_step(None), state, x, y, key)
-    planned_state, planned = run_steps(linen_train_step(strategy), state, x, y, key)
+    plain_state, plain, plain_peak = linen_plain()
+    planned_step = linen_train_step(strategy)
+    planned_state, planned = run_steps(planned_step, state, x, y, key)
     assert_tree_allclose(planned, plain)  # losses, logits (aux) and gradients, per step
     assert_tree_allclose(planned_state.params, plain_state.params)
     assert_tree_allclose(planned_state.opt_state, plain_state.opt_state)
     assert int(planned_state.step) == 3
-    peaks = [
-        peak_bytes(linen_train_step(s).lower(state, x, y, key).compile()) for s in (None, plan)
-    ]
-    assert peaks[1] < peaks[0]  # the plan's memory, in the user's own step
+    # the plan's memory, in the user's own step
+    assert step_peak(planned_step, state, x, y, key) < plain_peak
 
 
 def test_a_plan_for_other_shapes_or_another_program_is_refused(tmp_path):
@@ -154,8 +167,9 @@ def test_plain_jax_optax_step_with_a_plan():
     out = {}
     for label, strategy in (("plain", None), ("plan", plan)):
         params, opt_state, losses = jax.tree.map(jnp.copy, ws), tx.init(ws), []
+        step = make(strategy)  # jitted once, called at every step
         for i in range(3):
-            params, opt_state, loss = make(strategy)(params, opt_state, x, jax.random.key(i))
+            params, opt_state, loss = step(params, opt_state, x, jax.random.key(i))
             losses.append(loss)
         out[label] = (params, opt_state, losses)
     assert_tree_allclose(out["plan"], out["plain"])
@@ -202,8 +216,9 @@ def test_nnx_split_state_step_with_a_plan():
         return train_step
 
     plain, planned = state, state
+    plain_step, planned_step = step(None), step(plan)  # jitted once, called at every step
     for _ in range(3):
-        plain, plain_loss_ = step(None)(plain, x)
-        planned, planned_loss = step(plan)(planned, x)
+        plain, plain_loss_ = plain_step(plain, x)
+        planned, planned_loss = planned_step(planned, x)
         assert_tree_allclose(planned_loss, plain_loss_)
     assert_tree_allclose(planned, plain)

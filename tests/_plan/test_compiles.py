@@ -111,7 +111,14 @@ UNSEEN = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(UNSEEN))
+# The wider GPT repeats the narrower one's case at another width and batch: a slow sweep.
+SLOW_UNSEEN = {"gpt-d96-b8"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_UNSEEN else n for n in sorted(UNSEEN)],
+)
 def test_predictions_within_5_percent_on_unseen_programs(name):
     loss, args = UNSEEN[name]()
     planned = 0
@@ -157,7 +164,9 @@ def named_body():
 
 def test_plan_is_within_1_percent_of_every_save_set():
     """Every subset of the body's named values, compiled: at budgets at and between their
-    peaks, the plan's FLOPs are within 1% of the cheapest subset that fits."""
+    peaks, the plan's FLOPs are within 1% of the cheapest subset that fits. (Compiled as the
+    planner compiles, in half the time: the same peak and FLOPs, see
+    `test_compiler_options_change_neither_memory_nor_flops`.)"""
     loss, args = named_body()
     names = ("a", "b", "c", "d", "e")
     points = []
@@ -165,7 +174,8 @@ def test_plan_is_within_1_percent_of_every_save_set():
         for subset in itertools.combinations(names, k):
             policy = jax.checkpoint_policies.save_only_these_names(*subset)
             fn = remat.apply(loss, remat.Strategy(policy))
-            compiled = jax.jit(jax.value_and_grad(fn)).lower(*args).compile()
+            lowered = jax.jit(jax.value_and_grad(fn)).lower(*args)
+            compiled = lowered.compile(_compile.COMPILER_OPTIONS)
             points.append((peak_bytes(compiled), hlo_flops(compiled.as_text())))
     peaks = sorted({p for p, _ in points})
     budgets = [peaks[0], peaks[len(peaks) // 3], (peaks[1] + peaks[2]) // 2, peaks[-1]]
@@ -181,13 +191,15 @@ def test_zero_slack_at_the_every_step_recomputed_peak_with_schedules():
     (the per-step ``"full"`` point): with schedules on, the plan fits and costs no more
     FLOPs than that point (a `Binomial` schedule that also fits costs more), and reports no
     more rounds than allowed."""
-    from remat._plan._calibrate import prepare
     from remat._plan._compile import compile_measure
+    from remat._plan._plan import knowledge
     from remat._trace._tag import rewrite
 
     _memo.forget()
     loss, args = make_gpt(layers=4, d_model=64, seq=64, batch=4, heads=2)
-    prep = prepare(loss, args, 0, True)
+    # prepared as a first plan prepares it, and remembered: the plan below starts from it
+    # (nothing compiled yet besides) instead of preparing the same program again
+    prep = knowledge(loss, args, 0, True, None).prepared
     _, (nothing, _) = prep.calibration[:2]
     point = compile_measure(rewrite(loss, nothing.choices), args, 0, "full", None)
     budget = point.peak_bytes
@@ -217,21 +229,18 @@ def test_zero_slack_below_the_least_memory_the_model_knows():
     linear model knows. At exactly that peak the planner still finds a plan (it tries
     saving the program's own named values one at a time), as cheap as the preset."""
     from remat._models._maxtext import PRESETS, QUICK, make_decoder
+    from remat._plan._compile import compile_measure
 
     _memo.forget()
-    preset = remat.measure(*_flat(make_decoder(PRESETS["save_out_proj"], QUICK)), repeats=0)
-    full = remat.measure(*_flat(make_decoder(PRESETS["full"], QUICK)), repeats=0)
+    # each preset's step measured as the planner measures its plans: one compile apiece
+    preset = compile_measure(*make_decoder(PRESETS["save_out_proj"], QUICK), 0, "preset", None)
+    full = compile_measure(*make_decoder(PRESETS["full"], QUICK), 0, "full", None)
     assert preset.peak_bytes < full.peak_bytes  # the premise: the cut saves memory
     loss, args = make_decoder(None, QUICK)
     p = remat.plan(loss, *args, budget=preset.peak_bytes, verbose=False)
     assert p.measured_peak_bytes <= preset.peak_bytes
     assert p.measured.flops <= preset.flops
     assert p.stats.step_compiles <= 3
-
-
-def _flat(made):
-    loss, args = made
-    return (loss, *args)
 
 
 def test_the_cyclic_collector_is_paused_during_a_plan_and_restored():

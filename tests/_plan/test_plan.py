@@ -226,12 +226,14 @@ def test_model_is_deterministic(stack):
 def test_falls_back_to_a_calibration_point(stack, monkeypatch):
     """If the solver finds nothing, the calibration point that fits (nothing saved: every
     step recomputed) is compiled and returned; below its compiled peak nothing fits."""
-    from remat._plan import _calibrate, _rounds, _search
+    from remat._plan import _rounds, _search
     from remat._plan._compile import light_peak
+    from remat._plan._plan import knowledge
     from remat._trace._tag import rewrite
 
     loss, args = stack
-    prep = _calibrate.prepare(loss, args, 0, True)
+    # the stack's preparation, as `plans` left it in the planner's memory (or made again)
+    prep = knowledge(loss, args, 0, True, None).prepared
     _, (nothing, _) = prep.calibration[:2]
     assert nothing.scans[0].names == ()
     peak_none = light_peak(rewrite(loss, nothing.choices), args, 0)

@@ -18,12 +18,14 @@ from jax.ad_checkpoint import checkpoint_name
 import remat
 from conftest import assert_tree_allclose
 from remat._measure._peak import peak_bytes
+from remat._plan._compile import COMPILER_OPTIONS
 
 L, B, D, H = 4, 128, 32, 128
 
 
 def peak(fn, *args):
-    return peak_bytes(jax.jit(jax.value_and_grad(fn)).lower(*args).compile())
+    """The step's compiled peak, compiled as the planner compiles (read, not run)."""
+    return peak_bytes(jax.jit(jax.value_and_grad(fn)).lower(*args).compile(COMPILER_OPTIONS))
 
 
 def linen_loss(policy=None, remat_block=False):

@@ -42,7 +42,7 @@ from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, compiled_platform, peak_bytes
 from ._refusal import refusal_of
 from ._residuals import saved_residuals
-from ._step import Step, as_step, grad_step, loss_of, lower_step, time_step
+from ._step import ANALYSIS_OPTIONS, Step, as_step, grad_step, loss_of, lower_step, time_step
 
 _NOT_CALLABLE = "`remat.measure` got fn={got!r}, which is not callable; pass the loss function."
 _BAD_REPEATS = "`remat.measure` got repeats={got!r}; pass an int >= 0 (0 skips timing)."
@@ -241,7 +241,9 @@ def measure(
       strategy: if not None, measure ``remat.apply(fn, strategy)`` instead of ``fn`` (any
         strategy `remat.apply` takes). None measures ``fn`` as written.
       repeats: timed runs after one warm-up run; 0 skips timing (``seconds=None``).
-        Default 5, and 0 with a ``target`` (which is compiled for, never run).
+        Default 5, and 0 with a ``target`` (which is compiled for, never run). With 0 the
+        step is compiled as the planner compiles (LLVM's optimisation off: the same memory
+        analysis and HLO in less time), so ``compile_seconds`` is that compile's.
       has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; the aux is an
         output of the measured step.
       optimizer: an optax ``GradientTransformation``: measure the whole training step
@@ -307,7 +309,8 @@ def measure(
 
     step = grad_step(target, spec)
     start = time.perf_counter()
-    compiled = lower_step(target, args, spec).compile()
+    # Run only when timed: otherwise compiled as the planner compiles (`ANALYSIS_OPTIONS`).
+    compiled = lower_step(target, args, spec).compile(ANALYSIS_OPTIONS if repeats == 0 else None)
     compile_seconds = time.perf_counter() - start
     memory = measure_compiled(compiled)
     flops = hlo_flops(compiled.as_text())
@@ -316,7 +319,8 @@ def measure(
     forward_key = _memo_key(fn, "forward", args)
     forward_flops = _FLOPS_MEMO.get(forward_key) if forward_key is not None else None
     if forward_flops is None:
-        forward_flops = hlo_flops(jax.jit(fn).lower(*args).compile().as_text())
+        lowered = jax.jit(fn).lower(*args)
+        forward_flops = hlo_flops(lowered.compile(ANALYSIS_OPTIONS).as_text())
         _remember(forward_key, forward_flops)
     residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
 
@@ -392,7 +396,7 @@ def _plain_twin(plain: Any, args: Sequence[Any], spec: Any) -> tuple[float | Non
     """(FLOPs, peak) of the program without checkpoints; (None, None) where the compiler
     refuses it for memory (a TPU target: the checkpointed step fits, the plain one does not)."""
     try:
-        compiled_plain = lower_step(plain, args, spec).compile()
+        compiled_plain = lower_step(plain, args, spec).compile(ANALYSIS_OPTIONS)  # read only
     except jax.errors.JaxRuntimeError as err:
         if refusal_of(err) is None:
             raise

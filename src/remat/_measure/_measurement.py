@@ -86,7 +86,8 @@ class Measurement:
         not save everything.
       recompute_eliminated: the traced gradient recomputes matmuls, but the compiled one has
         no more matmul FLOPs than the program without checkpoints (``plain_flops``).
-      compile_seconds: seconds to lower and compile the step.
+      compile_seconds: seconds to lower and compile the step (with LLVM's optimisation off
+        when it is not timed: `remat._measure._step.ANALYSIS_OPTIONS`).
       seconds: step time over timed runs, or None when timing was skipped.
       strategy: label of the strategy measured (``"none"``: the program as written).
       backend, num_devices: where the step was compiled.

@@ -25,13 +25,10 @@ from typing import Any
 import jax
 
 from .._measure._measurement import Measurement
-from .._measure._step import argnums_of, as_step, loss_of, lower_step
+from .._measure._step import ANALYSIS_OPTIONS, argnums_of, as_step, loss_of, lower_step
 
-# LLVM's optimisation level changes only the machine code, not XLA's HLO passes, buffer
-# assignment or memory analysis: the same peak and the same HLO (so the same FLOPs), measured
-# on the demo GPT and the tests' stacks (`tests/_plan/test_compiles.py`), in about 40% of the
-# time (demo GPT: 5.3 s instead of 12.5 s).
-COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+# The planner never runs what it compiles: LLVM's optimisation off (see `ANALYSIS_OPTIONS`).
+COMPILER_OPTIONS = ANALYSIS_OPTIONS
 
 STEP = "step"
 SCAN = "scan"

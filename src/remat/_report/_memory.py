@@ -27,7 +27,7 @@ from .._measure._memory import (
 )
 from .._measure._peak import compiled_memory
 from .._measure._residuals import saved_residuals
-from .._measure._step import Step, as_step, loss_of, lower_step
+from .._measure._step import ANALYSIS_OPTIONS, Step, as_step, loss_of, lower_step
 from .._measure._xla_dump import compile_with_dump
 from .._shard._sharding import num_devices
 
@@ -164,7 +164,7 @@ def memory(
         target = apply(fn, chosen, has_aux=has_aux, roll=roll, override=override)
     _check_scalar(target, args, spec.has_aux, where="remat.memory")
     lowered = lower_step(target, args, spec)
-    compiled, dump = compile_with_dump(lowered)
+    compiled, dump = compile_with_dump(lowered, ANALYSIS_OPTIONS)  # read, never run
     residuals = _user_names(
         saved_residuals(loss_of(target, spec), *args, argnums=argnums),
         chosen if plan_given else None,
