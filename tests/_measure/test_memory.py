@@ -150,6 +150,36 @@ def test_a_plan_is_compiled_as_planned():
     ) or view.summary()[:30] in plan.explain(memory=view, width=400)
 
 
+def test_a_persistent_compilation_cache_still_gives_the_dump(tmp_path):
+    """JAX's persistent compilation cache leaves ``xla_dump_to`` out of its key: a program
+    viewed twice came from the cache the second time and XLA wrote no dump (an error). The
+    view compiles past the cache, and what it reads is the same."""
+    from jax._src import compilation_cache
+
+    names = {
+        "jax_compilation_cache_dir": str(tmp_path),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    before = {name: getattr(jax.config, name) for name in names}
+    try:
+        for name, value in names.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()  # JAX decides once per process whether to use it
+        ws, x = args()
+        jax.jit(jax.value_and_grad(named_stack)).lower(ws, x).compile()  # a cache entry
+        assert compilation_cache.is_cache_used(jax.devices()[0].client)
+        first = remat.memory(named_stack, ws, x)
+        second = remat.memory(named_stack, ws, x)
+        assert compilation_cache.is_cache_used(jax.devices()[0].client)  # restored
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+    assert first.peak_bytes == second.peak_bytes == remat.memory(named_stack, ws, x).peak_bytes
+    assert first.live_bytes == second.live_bytes and len(second.live_at_peak) > 0
+
+
 def test_bad_input_names_remat_memory():
     with pytest.raises(ValueError, match=r"`remat.memory`.*strategy='full'"):
         remat.memory(named_stack, *args(), strategy="full", plan="p.json")

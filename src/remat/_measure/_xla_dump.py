@@ -14,10 +14,13 @@ saved residuals, ...) is decided in `remat._measure._memory`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +279,33 @@ def read_dump(folder: Path | str, backend: str = "cpu") -> Dump:
     )
 
 
+_CACHE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_persistent_cache() -> Iterator[None]:
+    """Compiles inside skip JAX's persistent compilation cache: its key leaves
+    ``xla_dump_to`` out, so a program compiled before (in this process or an earlier one)
+    would come from the cache and XLA would write no dump. JAX decides once per process
+    whether the cache is used (``jax._src.compilation_cache``); that decision is set aside
+    for the compile and restored after it (where this JAX has it)."""
+    try:
+        from jax._src import compilation_cache as cache
+    except ImportError:  # pragma: no cover - another JAX layout
+        yield
+        return
+    with _CACHE_LOCK:
+        if not hasattr(cache, "_cache_checked") or not hasattr(cache, "_cache_used"):
+            yield  # pragma: no cover - another JAX layout
+            return
+        saved = (cache._cache_checked, cache._cache_used)
+        cache._cache_checked, cache._cache_used = True, False
+        try:
+            yield
+        finally:
+            cache._cache_checked, cache._cache_used = saved
+
+
 def compile_with_dump(lowered: Any, options: dict[str, Any] | None = None) -> tuple[Any, Dump]:
     """``lowered.compile(options)`` with XLA's dump written into a temporary folder (removed
     afterwards) and read: ``(compiled, Dump)``."""
@@ -283,7 +313,8 @@ def compile_with_dump(lowered: Any, options: dict[str, Any] | None = None) -> tu
 
     folder = tempfile.mkdtemp(prefix="remat-xla-")
     try:
-        compiled = lowered.compile({**(options or {}), "xla_dump_to": folder})
+        with _no_persistent_cache():
+            compiled = lowered.compile({**(options or {}), "xla_dump_to": folder})
         return compiled, read_dump(folder, jax.default_backend())
     finally:
         shutil.rmtree(folder, ignore_errors=True)
