@@ -148,7 +148,8 @@ def paste_code(plan: Any) -> str:
             "train with the plan, remat.apply(loss_fn, plan) rolls them the same way. Or keep",
             "the loop and checkpoint each layer with the plan's policy,",
             "    jax.checkpoint(layer, policy=plan.policy, prevent_cse=False)",
-            "    # flax: nn.remat(Block, policy=plan.policy, prevent_cse=False)",
+            "    # flax: nn.remat(Block, policy=plan.policy, prevent_cse=False);",
+            "    #       nnx.remat(layer, policy=plan.policy, prevent_cse=False)",
             "which keeps the same values per layer on GPU and TPU (on the CPU backend XLA undoes",
             "checkpoints outside loops, so there the loop keeps every value).",
         ]
