@@ -186,7 +186,8 @@ class Plan:
         ``fn`` checkpointed as planned and ``params``/``opt_state`` donated. ``rest`` are
         ``fn``'s other arguments, in order. Equal to optax's own step on the plain loss.
         An Equinox model is passed whole, with ``opt_state`` made as Equinox makes it:
-        ``tx.init(eqx.filter(model, eqx.is_array))``.
+        ``tx.init(eqx.filter(model, eqx.is_inexact_array))`` (``eqx.is_array`` gives the same
+        state where every array is floating point).
 
         Raises:
           ValueError: for a plan made without ``optimizer=``.
