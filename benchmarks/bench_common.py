@@ -99,15 +99,11 @@ def time_jax_step(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> 
 
 
 def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what `platform` says."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return cpu
+    """The CPU's model name from /proc/cpuinfo, else what `platform` says (as `remat.Report`
+    names the host)."""
+    from remat._report._machine import _cpu_model
+
+    return _cpu_model()
 
 
 def machine_line(extra: str = "") -> str:
