@@ -31,6 +31,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._core._dtypes import is_float
+
 # The largest period offered: the group body holds this many copies of the layer.
 MAX_PERIOD = 4
 
@@ -101,7 +103,7 @@ def ordered(step: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _floating(x: Any) -> bool:
-    return jnp.issubdtype(getattr(x, "dtype", None) or jnp.int32, jnp.inexact)
+    return hasattr(x, "dtype") and is_float(x.dtype)
 
 
 def periodic_loop(
