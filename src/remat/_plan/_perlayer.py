@@ -53,14 +53,12 @@ class Point:
     Attributes:
       saved: indices of the scan's values it saves.
       step_bytes: bytes it saves per layer (values stored once per step).
-      once_bytes: bytes it saves once (loop-invariant values).
       flops: FLOPs it recomputes per layer.
       transient: one layer's materialised recomputed bytes.
     """
 
     saved: frozenset[int]
     step_bytes: float
-    once_bytes: float
     flops: float
     transient: float
 
@@ -100,12 +98,10 @@ def pareto_points(
         if memory >= last:
             break
         last = memory
-        once = sum(nodes[i].bytes for i in s.saved if nodes[i].multiplicity == 1)
         points.append(
             Point(
                 saved=s.saved,
                 step_bytes=float(s.slice_bytes),
-                once_bytes=float(once),
                 flops=s.recompute_flops / length,
                 transient=float(s.transient_bytes),
             )
