@@ -63,8 +63,11 @@ def test_aux_errors_name_the_function():
     ws, x = weights()
     with pytest.raises(ValueError, match=r"`remat\.measure` got has_aux=True.*pair"):
         remat.measure(lambda ws, x: loss_with_metrics(ws, x)[0], ws, x, has_aux=True)
-    with pytest.raises(ValueError, match=r"`remat\.measure`.*scalar"):
+    with pytest.raises(ValueError, match=r"`remat\.measure`.*scalar.*pass has_aux=True"):
         remat.measure(loss_with_metrics, ws, x)
+    with pytest.raises(ValueError, match=r"scalar-valued") as err:  # a pair, but not (loss, aux)
+        remat.measure(lambda ws, x: (ws, loss_with_metrics(ws, x)[0]), ws, x)
+    assert "has_aux" not in str(err.value)
     with pytest.raises(ValueError, match=r"`remat\.compare` got has_aux=True"):
         remat.compare(lambda ws, x: jnp.sum(ws), ws, x, strategies=["full"], has_aux=True)
     with pytest.raises(TypeError, match=r"`remat\.apply` got has_aux"):

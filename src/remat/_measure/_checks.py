@@ -31,6 +31,10 @@ _NOT_SCALAR = (
     "`remat.measure` needs a scalar-valued (loss) function, but fn returned {got}. Reduce the "
     "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
 )
+_AUX_HINT = (
+    " It looks like (loss, aux): pass has_aux=True, as for "
+    "`jax.value_and_grad(..., has_aux=True)`."
+)
 _NOT_PAIR = (
     "`remat.measure` got has_aux=True, so fn must return a pair (loss, aux), as for "
     "`jax.value_and_grad(..., has_aux=True)`; it returned {got}."
@@ -122,4 +126,17 @@ def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool)
         or not jax.dtypes.issubdtype(out.dtype, np.floating)  # bfloat16, float16 included
     ):
         got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
-        raise ValueError(_NOT_SCALAR.format(got=got))
+        hint = _AUX_HINT if not has_aux and _looks_like_aux(out) else ""
+        raise ValueError(_NOT_SCALAR.format(got=got) + hint)
+
+
+def _looks_like_aux(out: Any) -> bool:
+    """True for a pair whose first element is a floating-point scalar: ``(loss, aux)``."""
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        return False
+    first = out[0]
+    return (
+        isinstance(first, jax.ShapeDtypeStruct)
+        and first.shape == ()
+        and jax.dtypes.issubdtype(first.dtype, np.floating)
+    )
