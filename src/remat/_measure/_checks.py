@@ -32,8 +32,7 @@ _NOT_SCALAR = (
     "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
 )
 _AUX_HINT = (
-    " It looks like (loss, aux): pass has_aux=True, as for "
-    "`jax.value_and_grad(..., has_aux=True)`."
+    " It looks like (loss, aux): pass has_aux=True, as for `jax.value_and_grad(..., has_aux=True)`."
 )
 _NOT_PAIR = (
     "`remat.measure` got has_aux=True, so fn must return a pair (loss, aux), as for "
