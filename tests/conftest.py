@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +15,19 @@ from remat._core._budget import MIB
 from remat._measure._measurement import Measurement, Timing
 
 jax.config.update("jax_enable_x64", False)
+
+# JAX's persistent compilation cache, in a folder of this test process's own (each pytest-xdist
+# worker has one; removed at exit): the suite compiles the same small programs in many tests
+# (shared models, the plain twin of every checkpointed one), and a program compiled before is
+# read back instead (about a sixth of the suite's CPU time). Memory analysis, cost analysis and
+# HLO text of a cached executable are those of the compile that wrote it. Set
+# REMAT_TEST_COMPILE_CACHE=0 to compile everything afresh.
+if os.environ.get("REMAT_TEST_COMPILE_CACHE", "1") != "0":
+    _CACHE = tempfile.mkdtemp(prefix="remat-tests-xla-cache-")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", _CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 # (rtol, atol) per dtype: loose enough for reassociation, tight enough to catch a wrong gradient.
 _TOLERANCES = {

@@ -244,6 +244,9 @@ def test_demo_prints_the_table_writes_files_and_picks(tmp_path, capsys, monkeypa
 
         return InfeasibleBudget(budget, 100, 200, 400)
 
+    # the table at the width of a terminal (shutil.get_terminal_size reads $COLUMNS first):
+    # whatever the test runner's stdout is, labels are not wrapped across lines
+    monkeypatch.setenv("COLUMNS", "120")
     monkeypatch.setattr("remat._report._compare.compare", fake_compare)
     monkeypatch.setattr("remat._plan._plan.plan", fake_plan)
     monkeypatch.setattr("remat._plan._plan.plan_budgets", fake_plan_budgets)
