@@ -14,6 +14,7 @@ from ._memo import Knowledge
 from ._milp import Option, Solution, materialised
 from ._options import Choice, alone_key
 from ._perlayer import shared_extra
+from ._phases import contribution as phase_contribution
 
 # A per-layer option charged its sibling's extra memory (`_perlayer.shared_extra`) is solved
 # again, once checked alone, when its own differs by more than this fraction of the scan's.
@@ -81,9 +82,11 @@ def check_alone(
         key = alone_key(o, scan_choice)
         if key not in know.alone:
             missing.append((key, (info, scan_choice, fit.length)))
-    temps = scan_memories([m[-1] for m in missing], compile_device(prep.args))
+    temps = scan_memories(
+        [m[-1] for m in missing], compile_device(prep.args), phases=prep.phases is not None
+    )
     for (key, _), memory in zip(missing, temps, strict=True):
-        know.alone[key] = float(memory.temp_bytes)
+        know.alone[key] = phase_contribution(memory, prep.phases)
     for o in solution.options:
         cand = prep.cands[o]
         info = prep.infos[cand.scan]
