@@ -391,7 +391,7 @@ machine's two shared cores; the presets at 8B only, the trend at its ends):
   average was 16-30 on 2 cores, and one compile of the step took 7 to 34 s). Each first plan
   compiles the step twice (the un-checkpointed baseline and the plan) and 5 scans alone (4
   to calibrate, 1 to check), 11 where nothing fitted the linear model at first (70B,
-  d_model 2048: values saved one at a time are checked alone, one compile each). Re-plans:
+  d_model 2048: values saved one at a time are checked alone, 8 scan compiles more). Re-plans:
   0.7-1.4× (target 1.3×: 8B's 70% re-plan, 1.4×, missed), one step compile each.
 - At the MaxText presets' own peaks at 8B: both fit; `full` at 1.000× its FLOPs, `minimal`
   at 1.005× (target: at most 1.000×, missed; 1.030× before).
