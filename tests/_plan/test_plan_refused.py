@@ -44,8 +44,9 @@ def refusing(limit: int, stated: bool = True):
     real = _compile.compile_lowered
     refused = []
 
-    def compile_lowered(lowered, kind):
-        compiled = real(lowered, kind)
+    def compile_lowered(lowered, kind, read=None):
+        out = real(lowered, kind, read)
+        compiled = out if read is None else out[0]
         peak = peak_bytes(compiled)
         if kind == _compile.STEP and peak > limit:
             refused.append(peak)
@@ -55,7 +56,7 @@ def refusing(limit: int, stated: bool = True):
                 else "RESOURCE_EXHAUSTED: Ran out of memory on HBM"
             )
             raise jax.errors.JaxRuntimeError(text)
-        return compiled
+        return out
 
     _memo.forget()  # what is learned under a fake compiler is not kept
     with pytest.MonkeyPatch.context() as mp:

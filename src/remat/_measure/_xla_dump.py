@@ -294,6 +294,10 @@ def _no_persistent_cache() -> Iterator[None]:
     except ImportError:  # pragma: no cover - another JAX layout
         yield
         return
+    enabled = getattr(cache, "_is_cache_enabled", None)
+    if enabled is not None and not enabled():  # no cache: nothing to set aside, no lock
+        yield
+        return
     with _CACHE_LOCK:
         if not hasattr(cache, "_cache_checked") or not hasattr(cache, "_cache_used"):
             yield  # pragma: no cover - another JAX layout

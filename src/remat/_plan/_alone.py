@@ -14,6 +14,7 @@ from ._memo import Knowledge
 from ._milp import Option, Solution, materialised
 from ._options import Choice, alone_key
 from ._perlayer import shared_extra
+from ._phases import contribution as phase_contribution
 
 # A per-layer option charged its sibling's extra memory (`_perlayer.shared_extra`) is solved
 # again, once checked alone, when its own differs by more than this fraction of the scan's.
@@ -68,22 +69,11 @@ def check_alone(
     """
     if not prep.scan_fits:
         return prep.base + choice.model_bytes, False
-    fits = {prep.cands[o].scan: f for o, f in zip(_per_step(prep), prep.scan_fits, strict=True)}
+    fits = _fits(prep)
     baseline = prep.baseline
     total = float(baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes)
     recharged = False
-    missing = []  # scans not yet compiled alone with this choice: compiled together
-    for o in solution.options:
-        cand = prep.cands[o]
-        info = prep.infos[cand.scan]
-        fit = fits[cand.scan]
-        scan_choice = choice.choices[info.position]
-        key = alone_key(o, scan_choice)
-        if key not in know.alone:
-            missing.append((key, (info, scan_choice, fit.length)))
-    temps = scan_memories([m[-1] for m in missing], compile_device(prep.args))
-    for (key, _), memory in zip(missing, temps, strict=True):
-        know.alone[key] = float(memory.temp_bytes)
+    compile_alone(prep, know, [(solution, choice)])
     for o in solution.options:
         cand = prep.cands[o]
         info = prep.infos[cand.scan]
@@ -104,6 +94,33 @@ def check_alone(
             )
         total += contribution
     return total, recharged
+
+
+def compile_alone(prep: Prepared, know: Knowledge, candidates) -> None:
+    """Compiles, all at once (`remat._plan._body.scan_memories`: while one lowers, others
+    compile), every scan-alone program that the ``(solution, choice)`` pairs need and
+    ``know`` has not seen, and records each one's contribution in ``know.alone``."""
+    if not prep.scan_fits:
+        return
+    fits = _fits(prep)
+    missing: dict = {}  # scans not yet compiled alone with these choices
+    for solution, choice in candidates:
+        for o in solution.options:
+            info = prep.infos[prep.cands[o].scan]
+            scan_choice = choice.choices[info.position]
+            key = alone_key(o, scan_choice)
+            if key not in know.alone and key not in missing:
+                missing[key] = (info, scan_choice, fits[prep.cands[o].scan].length)
+    temps = scan_memories(
+        list(missing.values()), compile_device(prep.args), phases=prep.phases is not None
+    )
+    for key, memory in zip(missing, temps, strict=True):
+        know.alone[key] = phase_contribution(memory, prep.phases)
+
+
+def _fits(prep: Prepared) -> dict:
+    """The scans' `ScanFit` s by scan index."""
+    return {prep.cands[o].scan: f for o, f in zip(_per_step(prep), prep.scan_fits, strict=True)}
 
 
 def _per_step(prep: Prepared) -> list[int]:

@@ -78,16 +78,22 @@ def baseline_step(
     offsets: Sequence[int],
     models: Sequence[Any],
     per_step: Sequence[int],
-) -> tuple[Measurement, Refusal | None, Measurement | None]:
+    read: Callable[[Any], Any] | None = None,
+) -> tuple[Measurement, Refusal | None, Measurement | None, Any]:
     """The un-checkpointed step's measurement, or, where the compiler refuses it, the stand-in
     (see the module docstring).
 
     Returns:
-      ``(baseline, refusal, recomputing)``: ``refusal`` and ``recomputing`` (the step that
-      recomputes everything, as measured) are None when the un-checkpointed step compiled.
+      ``(baseline, refusal, recomputing, read)``: ``refusal`` and ``recomputing`` (the step
+      that recomputes everything, as measured) are None when the un-checkpointed step
+      compiled; ``read`` is what ``read`` returned for the un-checkpointed step's XLA dump
+      (`remat._plan._compile.compile_measure`), None without it or where it was refused.
     """
     try:
-        return compile_measure(fn, args, argnums, "none", None), None, None
+        if read is None:
+            return compile_measure(fn, args, argnums, "none", None), None, None, None
+        measured, phases = compile_measure(fn, args, argnums, "none", None, read=read)
+        return measured, None, None, phases
     except jax.errors.JaxRuntimeError as err:
         refusal = refusal_of(err)
         if refusal is None:
@@ -102,7 +108,7 @@ def baseline_step(
         raise ValueError(
             _NOTHING_FITS.format(refused=refusal.message, again=again.message)
         ) from err
-    return stand_in(recomputing, nothing.flops, refusal), refusal, recomputing
+    return stand_in(recomputing, nothing.flops, refusal), refusal, recomputing, None
 
 
 def stand_in(recomputing: Measurement, recompute_flops: float, refusal: Refusal) -> Measurement:

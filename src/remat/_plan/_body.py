@@ -25,11 +25,13 @@ import jax
 import jax.numpy as jnp
 
 from .._core._schedule import Binomial
-from .._measure._peak import CompiledMemory, compiled_memory
+from .._measure._peak import compiled_memory
+from .._measure._phases import loop_phases
 from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
 from ._compile import SCAN, compile_each
+from ._phases import ScanMemory
 
 
 def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Callable[..., Any]:
@@ -76,7 +78,7 @@ def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Call
 
 def scan_memory(
     info: ScanInfo, choice: ScanChoice | None, length: int, device: Any = None
-) -> CompiledMemory:
+) -> ScanMemory:
     """The compiled memory of the scan-alone gradient program (one ``"scan"`` compile).
 
     Its ``temp_bytes`` is what the scan adds to a step's peak at ``length`` steps: the
@@ -86,13 +88,19 @@ def scan_memory(
 
 
 def scan_memories(
-    requests: Sequence[tuple[ScanInfo, ScanChoice | None, int]], device: Any = None
-) -> list[Any]:
+    requests: Sequence[tuple[ScanInfo, ScanChoice | None, int]],
+    device: Any = None,
+    phases: bool = False,
+) -> list[ScanMemory]:
     """`scan_memory` of each ``(info, choice, length)``: each is compiled while the next is
     lowered (`compile_each`), for ``device`` (the step's, `_target.compile_device`; None:
-    this machine's default)."""
-    compiled = compile_each(((lambda r=r: lower_scan(*r, device)) for r in requests), SCAN)
-    return [compiled_memory(c) for c in compiled]
+    this machine's default); with ``phases``, each with its phases read from XLA's dump
+    (`remat._measure._phases.loop_phases`; see `remat._plan._phases`)."""
+    lowerings = ((lambda r=r: lower_scan(*r, device)) for r in requests)
+    if not phases:
+        return [ScanMemory(compiled_memory(c)) for c in compile_each(lowerings, SCAN)]
+    compiled = compile_each(lowerings, SCAN, read=loop_phases)
+    return [ScanMemory(compiled_memory(c), p) for c, p in compiled]
 
 
 def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int, device: Any = None) -> Any:

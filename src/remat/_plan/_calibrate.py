@@ -27,6 +27,7 @@ import jax
 from .._core._errors import renamed
 from .._measure._measure import _check_args, _check_scalar
 from .._measure._measurement import Measurement
+from .._measure._phases import loop_phases
 from .._measure._step import Step
 from .._shard._shard_counts import scan_input_splits
 from .._shard._target import compile_device, offload_rates
@@ -45,6 +46,7 @@ from ._options import (
     offload_costs,
 )
 from ._perlayer import period_candidates
+from ._phases import contribution, phase_model
 from ._result import fingerprint, scan_fingerprints
 
 _NO_SCAN = (
@@ -115,6 +117,10 @@ class Prepared:
     # The most memory the compiler gives a program (a TPU chip's usable HBM), where known:
     # a budget above it is planned at it (`_baseline.budget_within`).
     limit: int | None = None
+    # What the step adds to each phase of its one scan (`_phases.PhaseModel`): a scan-alone
+    # program's contribution is read by phase (`_phases.contribution`); None where the phases
+    # were not read (several scans, devices or no CPU dump, a baseline not as written).
+    phases: Any = None
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -176,11 +182,11 @@ def prepare(
     # Where the compiler refuses the un-checkpointed step, a checkpointed one stands in
     # (`_baseline`); ``first`` is (baseline, refusal, the step that recomputes everything).
     first = functools.partial(baseline_step, fn, args, argnums, cands, offsets, models, per_step)
-    refusal = recomputing = None
+    refusal = recomputing = phases = None
     if devices > 1:
         if baseline is None:
             say("compiling the un-checkpointed step")
-            baseline, refusal, recomputing = first()
+            baseline, refusal, recomputing, _ = first()
         say("calibrating on compiled steps")
         fit, calibration, scan_fits = step_fit(
             fn, args, argnums, cands, offsets, models, per_step, refusal, recomputing
@@ -188,17 +194,21 @@ def prepare(
         alone, margin = (), None
     else:
         say("compiling the un-checkpointed step and each scan alone")
+        device = compile_device(args)
+        # One scan on the CPU: the step's phases are read from its dump (`_phases`).
+        reading = baseline is None and len(infos) == 1 and _on_cpu(device)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
-            pending = baseline or pool.submit(first)
+            pending = baseline or pool.submit(first, read=loop_phases if reading else None)
             measured = pending if baseline else _First(pending)
-            fit, calibration, scan_fits, alone, margin = scan_fit(
-                infos, cands, offsets, models, per_step, measured, compile_device(args),
+            fit, calibration, scan_fits, alone, margin, phases = scan_fit(
+                infos, cands, offsets, models, per_step, measured, device,
                 written=baseline is None,
+                step_phases=(lambda: pending.result()[3]) if reading else None,
             )  # fmt: skip
             if not baseline:
-                baseline, refusal, recomputing = pending.result()
+                baseline, refusal, recomputing, _ = pending.result()
         if refusal is not None:  # the stand-in recomputes everything: it shows no margin
-            margin = None
+            margin = phases = None
     base, stored, slice_weight, weight = fit
     if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
         clock = time.perf_counter()
@@ -235,7 +245,14 @@ def prepare(
         margin=margin,
         refusal=refusal,
         limit=memory_limit(refusal, compile_device(args)),
+        phases=phases,
     )
+
+
+def _on_cpu(device: Any) -> bool:
+    """Whether programs compile for this machine's CPU (where XLA's dumps are read)."""
+    platform = jax.default_backend() if device is None else getattr(device, "platform", "")
+    return platform == "cpu"
 
 
 class _First:
@@ -269,7 +286,8 @@ class ScanFit:
     length: int  # the scan's own length, at which it is compiled alone
 
 
-def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, written=False):
+def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, written=False,
+             step_phases=None):  # fmt: skip
     """The memory model fitted on scan-alone programs (`remat._plan._body`), per scan: every
     needed value saved, nothing saved, every unfused value saved, each compiled at the
     scan's length, give the scan's fixed memory and the weights of one step's saved and
@@ -280,13 +298,16 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     (one scan's step is differentiated at a time). With ``written`` (the baseline is the
     program as written, un-checkpointed), each scan is also compiled alone as written: the
     baseline's peak beyond those and its arguments and outputs is the margin (see
-    `Prepared.margin`).
+    `Prepared.margin`). With ``step_phases`` (called once the baseline is compiled: the
+    un-checkpointed step's `LoopPhases`, or None) and ``written``, each scan-alone program's
+    phases are read too, and its contribution is read by phase (`_phases.PhaseModel`).
 
     Returns:
       ``((base, stored_weight, slice_weight, transient_weight), calibration, scan_fits,
-      alone, margin)``, where ``calibration`` lists the points as (`Choice`, predicted peak of the
-      step), ``alone`` each point's contribution to the step's peak (see
-      `_alone.check_alone`) and ``margin`` is None without ``written``.
+      alone, margin, phases)``, where ``calibration`` lists the points as (`Choice`,
+      predicted peak of the step), ``alone`` each point's contribution to the step's peak
+      (see `_alone.check_alone`), ``margin`` is None without ``written`` and ``phases`` is
+      the `_phases.PhaseModel`, or None.
     """
     from ._body import scan_memories
 
@@ -305,10 +326,15 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
         plan_points.append((o, info, n, points_))
     flat = [(p[1], c.choices[p[1].position], p[2]) for p in plan_points for c in p[3]]
     as_written = [(info, None, model.length) for info, model in zip(infos, models, strict=True)]
-    memories = scan_memories(flat + (as_written if written else []), device)
-    temps = iter(m.temp_bytes for m in memories)
+    read = step_phases is not None and written
+    memories = scan_memories(flat + (as_written if written else []), device, phases=read)
     if hasattr(baseline, "result"):
         baseline = baseline.result()
+    phases = step = None
+    if read and len(as_written) == 1:
+        step = step_phases()
+        phases = None if step is None else phase_model(step, memories[len(flat)])
+    temps = iter(contribution(m, phases) for m in memories)
     outside = baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes
     fits: list[ScanFit] = []
     points: list[tuple[Any, ...]] = []
@@ -326,8 +352,8 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
         base, stored, slice_weight, weight = fit
         fits.append(ScanFit(base, stored, slice_weight, weight, n))
         points.append(tuple(contributions))
-        for c, contribution in contributions:
-            alone.append((alone_key(o, c.choices[info.position]), contribution))
+        for c, added in contributions:
+            alone.append((alone_key(o, c.choices[info.position]), added))
     base = outside + sum(f.fixed for f in fits)
     stored = max(f.stored for f in fits)
     slice_weight = max(f.slice for f in fits)
@@ -337,15 +363,17 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     calibration = []
     for k, scan_points in enumerate(points):
         rest = sum(p[1][1] for j, p in enumerate(points) if j != k)  # others: nothing saved
-        for choice, contribution in scan_points:
-            calibration.append((choice, int(outside + contribution + rest)))
+        for choice, added in scan_points:
+            calibration.append((choice, int(outside + added + rest)))
     fit = (float(base), float(stored), float(slice_weight), float(weight))
     margin = None
     if written:
-        margin = float(
-            peak_of(baseline) - outside - sum(m.temp_bytes for m in memories[len(flat) :])
-        )
-    return fit, calibration, tuple(fits), tuple(alone), margin
+        # With the phases read, the step's most bytes live, not its peak: the peak also
+        # counts the temporaries buffer's unused bytes, XLA's packing of that one program
+        # (17.5 GiB of the un-checkpointed step at Llama-3-70B shapes, none of its plan's).
+        peak = peak_of(baseline) if phases is None else min(peak_of(baseline), step.largest)
+        margin = float(peak - outside - sum(contribution(m, phases) for m in memories[len(flat) :]))
+    return fit, calibration, tuple(fits), tuple(alone), margin, phases
 
 
 def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, recomputing=None):

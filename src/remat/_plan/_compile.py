@@ -64,24 +64,32 @@ def tally() -> tuple[dict[str, int], dict[str, float]]:
     return _TALLY.snapshot()
 
 
-def compile_lowered(lowered: Any, kind: str) -> Any:
+def compile_lowered(lowered: Any, kind: str, read: Callable[[Any], Any] | None = None) -> Any:
     """Compiles a lowered program with `COMPILER_OPTIONS`, tallied as ``kind``: the one place
-    the planner compiles (tests wrap it to count)."""
+    the planner compiles (tests wrap it to count). With ``read``, XLA's dump is written and
+    ``(compiled, read(dump))`` returned (``read`` takes a `remat._measure._xla_dump.Dump`)."""
     start = time.perf_counter()
-    compiled = lowered.compile(COMPILER_OPTIONS)
+    if read is None:
+        compiled = lowered.compile(COMPILER_OPTIONS)
+    else:
+        from .._measure._xla_dump import compile_with_dump
+
+        compiled, dump = compile_with_dump(lowered, COMPILER_OPTIONS)
     seconds = time.perf_counter() - start
     with _LOCK:
         _TALLY.counts[kind] = _TALLY.counts.get(kind, 0) + 1
         _TALLY.seconds[kind] = _TALLY.seconds.get(kind, 0.0) + seconds
-    return compiled
+    return compiled if read is None else (compiled, read(dump))
 
 
-def compile_each(lowerings: Iterable[Callable[[], Any]], kind: str) -> list[Any]:
-    """Each program compiled (`compile_lowered`), in order: ``lowerings`` are called in turn
-    on this thread (lowering holds the GIL) while up to `WORKERS` of the programs already
-    lowered compile (XLA compiles outside the GIL)."""
+def compile_each(
+    lowerings: Iterable[Callable[[], Any]], kind: str, read: Callable[[Any], Any] | None = None
+) -> list[Any]:
+    """Each program compiled (`compile_lowered`, with ``read``), in order: ``lowerings`` are
+    called in turn on this thread (lowering holds the GIL) while up to `WORKERS` of the
+    programs already lowered compile (XLA compiles outside the GIL)."""
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        pending = [pool.submit(compile_lowered, lower(), kind) for lower in lowerings]
+        pending = [pool.submit(compile_lowered, lower(), kind, read) for lower in lowerings]
         return [p.result() for p in pending]
 
 
@@ -91,9 +99,9 @@ def compile_step(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> t
     return _timed_compile(lower_step(fn, args, argnums))
 
 
-def _timed_compile(lowered: Any) -> tuple[Any, float]:
+def _timed_compile(lowered: Any, read: Callable[[Any], Any] | None = None) -> tuple[Any, float]:
     start = time.perf_counter()
-    compiled = compile_lowered(lowered, STEP)
+    compiled = compile_lowered(lowered, STEP, read)
     return compiled, time.perf_counter() - start
 
 
@@ -109,13 +117,15 @@ def compile_measure(
     label: str,
     baseline: Measurement | None,
     meanwhile: Callable[[], Any] | None = None,
+    read: Callable[[Any], Any] | None = None,
 ) -> Any:
     """`remat.measure`'s numbers for ``fn`` from a single compile of its gradient step.
 
     ``argnums`` may be a `remat._measure._step.Step` (aux outputs, an optimizer's step).
     ``meanwhile`` is called on this thread while XLA compiles the step (e.g. other, smaller
     programs lowered and compiled beside it); with it, ``(measurement, its result)`` is
-    returned.
+    returned. With ``read`` (not beside ``meanwhile``), XLA's dump of the step is written and
+    ``(measurement, read(dump))`` returned.
 
     Memory and FLOPs are read as `remat.measure` reads them; ``forward_flops`` is the traced
     matmul count (checkpointing does not change the forward pass), and the recomputation is
@@ -129,7 +139,7 @@ def compile_measure(
     lowered = lower_step(fn, args, argnums)
     # XLA compiles outside the GIL: the residuals are traced meanwhile.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(_timed_compile, lowered)
+        pending = pool.submit(_timed_compile, lowered, read)
         beside = meanwhile() if meanwhile is not None else None
         residuals = saved_residuals(
             loss_of(fn, as_step(argnums)), *args, argnums=argnums_of(argnums)
@@ -139,6 +149,8 @@ def compile_measure(
         else:  # checkpointing does not change the forward pass
             forward = baseline.forward_flops
         compiled, seconds = pending.result()
+    if read is not None:
+        compiled, beside = compiled
     flops = hlo_flops(compiled.as_text())
     requested = baseline is not None
     measurement = build_measurement(
@@ -151,7 +163,7 @@ def compile_measure(
         strategy=label,
         plain_flops=None if baseline is None else baseline.flops,
     )
-    return measurement if meanwhile is None else (measurement, beside)
+    return measurement if meanwhile is None and read is None else (measurement, beside)
 
 
 def light_peak(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> int:

@@ -9,7 +9,7 @@ and when nothing fits the model, single values saved on top of its least-memory 
 
 from __future__ import annotations
 
-from ._alone import check_alone
+from ._alone import check_alone, compile_alone
 from ._calibrate import Prepared
 from ._memo import Knowledge, Known, best_known, choice_key, cost
 from ._milp import Solution, solve
@@ -103,7 +103,7 @@ def smaller_candidate(prep, know, solution, choice):
     own, and the compiled peak falls below that of recomputing everything, where the model
     sees only the bytes saved (measured: 5.52 against 5.84 MiB). So each value the program
     names itself (`checkpoint_name`), else each matmul output, is tried saved on top of
-    ``choice`` (at most `PROBES`, smallest first), each checked alone.
+    ``choice`` (at most `PROBES`, smallest first), each checked alone (compiled together).
     """
     if not one_per_step_scan(prep, solution):
         return None
@@ -116,11 +116,15 @@ def smaller_candidate(prep, know, solution, choice):
     matmuls = [i for i, v in enumerate(values) if v.flops > 0]
     probes = [i for i in (named or matmuls) if cand.nodes[i].saveable and i not in base]
     probes = sorted(probes, key=lambda i: (values[i].bytes, i))[:PROBES]
-    best, (least, _) = None, check_alone(prep, know, solution, choice)
+    tried = []
     for i in probes:
         probe_solution = fixed_solution(prep.cands, prep.offsets, [o], save=base | {i})
         probe = decode(probe_solution, prep.cands, prep.offsets, prep.models, prep.weight,
                        prep.stored, prep.slice)  # fmt: skip
+        tried.append((probe_solution, probe))
+    compile_alone(prep, know, [(solution, choice), *tried])  # at once, not one at a time
+    best, (least, _) = None, check_alone(prep, know, solution, choice)
+    for probe_solution, probe in tried:
         alone, _ = check_alone(prep, know, probe_solution, probe)
         if alone < least:
             best, least = (probe_solution, probe, alone), alone
