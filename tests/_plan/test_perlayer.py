@@ -117,8 +117,9 @@ def test_an_old_plan_file_without_a_pattern_loads():
 
 def test_mixes_of_two_pareto_points_per_period():
     """Per period dividing the length, each pair of the layer's Pareto points mixed at each
-    count of positions prime to the period; a mix's bytes, FLOPs and transient are the
-    positions' (worked from the points)."""
+    count of positions prime to the period, the positions saving less first; at the period
+    of the whole length also each point alone (one group, no loop); a mix's bytes, FLOPs and
+    transient are the positions' (worked from the points)."""
     loss, args = mlp_stack(layers=6, d=8, batch=8)
     models = model_scans(planned_scans(loss, *args))
     cands = candidates(models, schedules=False)
@@ -129,14 +130,21 @@ def test_mixes_of_two_pareto_points_per_period():
     )
     mixes = period_candidates(models, cands)
     pairs = len(points) * (len(points) - 1) // 2
-    assert [c.schedule.g for c in mixes] == [2] * pairs + [3] * 2 * pairs  # g=3: 1 or 2 of 3
+    # g=2: 1 of 2; g=3: 1 or 2 of 3; g=6: 1 or 5 of 6, and each point alone
+    assert [c.schedule.g for c in mixes] == [2] * pairs + [3] * 2 * pairs + [6] * (
+        2 * pairs + len(points)
+    )
     assert all(c.nodes == () and len(c.pattern) == c.schedule.g for c in mixes)
     a, b = points[0], points[-1]
-    first = next(c for c in mixes if c.pattern == (a.saved, b.saved))
+    first = next(c for c in mixes if c.pattern == (b.saved, a.saved))
     assert first.option.bytes == 3 * (a.step_bytes + b.step_bytes)  # 3 groups of 2 layers
     assert first.option.flops == pytest.approx(3 * (a.flops + b.flops))
     assert first.option.sliced == max(a.step_bytes, b.step_bytes)
     assert first.option.transient == max(a.transient, b.transient)
+    one_of_six = next(c for c in mixes if c.pattern == (b.saved,) * 5 + (a.saved,))
+    assert one_of_six.option.bytes == a.step_bytes + 5 * b.step_bytes
+    alone = [c for c in mixes if len(set(c.pattern)) == 1]
+    assert [c.pattern for c in alone] == [(p.saved,) * 6 for p in points]
     assert period_candidates(models, cands, most=1) == []
 
 
