@@ -107,8 +107,8 @@ def plan(
         `Plan.position_policy`; `remat._plan._perlayer`). They compete only against the
         uniform plan verified first, so they never recompute more. Off by default: a
         per-layer scan differentiates in reverse mode only (see
-        `remat._trace._periodic.ordered`) and its step compiles slower (about 2x for 8
-        layers unrolled).
+        `remat._trace._periodic.ordered`) and its step compiles slower (5.6-7.2x the
+        uniform step for 8 layers unrolled, `benchmarks/perlayer_bench.py`).
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes; a budget above it is refused. ``None``
         reads it from the backend (``memory_stats()['bytes_limit']``) where it says (GPU,

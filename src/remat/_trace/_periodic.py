@@ -28,8 +28,9 @@ layer index keeps the residuals of every branch at every step (JAX's ``cond`` sa
 of its branches' residuals).
 
 The body holds ``g`` copies of the layer, so compile time grows with ``g``: periods stop at
-`MAX_PERIOD` (the planner offers the same, `remat._plan._perlayer.PLANNED_PERIOD`); a
-one-group form of 8 layers compiled in about twice the time of the scan. The
+`MAX_PERIOD` (the planner offers the same, `remat._plan._perlayer.PLANNED_PERIOD`); the
+step of a one-group form of 8 layers compiled in 5.6-7.2x the time of the uniform scan's
+(`benchmarks/perlayer_bench.py`). The
 positions' custom VJP (`ordered`) supports reverse-mode differentiation only, as a
 checkpointed training step needs.
 """
