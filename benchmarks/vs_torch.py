@@ -408,10 +408,10 @@ def pattern_text(scan) -> str:
     if not scan.pattern:
         return f"every layer saves {len(scan.names)} values ({scan.schedule})"
     g = len(scan.pattern)
-    parts = [
-        f"{','.join(map(str, range(k, scan.length, g)))}: {len(names)}"
-        for k, names in enumerate(scan.pattern)
-    ]
+    layers: dict[tuple[str, ...], list[int]] = {}
+    for k, names in enumerate(scan.pattern):
+        layers.setdefault(tuple(names), []).extend(range(k, scan.length, g))
+    parts = [f"{','.join(map(str, sorted(ks)))}: {len(names)}" for names, ks in layers.items()]
     return "values saved per layer " + "; ".join(parts)
 
 
@@ -718,20 +718,24 @@ WHY = [
     "graph: each layer can keep a different set, and its knapsack over single tensors lands "
     "on any byte target (its saved bytes are the fraction asked for, to the MiB). remat "
     "decides per scan body, or mixes two save sets of a layer's Pareto front over the "
-    "positions of a period of 2 or 4 layers (a per-layer plan: the scan runs over groups of "
-    "layers with the stacked parameters reshaped, not copied; the reshaped parameters are "
-    "counted as the arguments they are). So the bytes it can keep come in steps of one "
-    "layer's save set times a quarter of the layers: where torch's point needs another "
-    "fraction (3 or 7 of 8 layers saving the MLP's up-projection), remat's nearest mix keeps "
-    "more bytes or recomputes more. The stacked carries also count one layer input more "
-    "than torch's saved tensors (the scan keeps its first step's input, which torch has as "
-    "a primal), 0.5 MiB on both models. Where remat does better at the same fraction it is "
-    "because the fractions are of different totals: JAX's autodiff without checkpointing "
-    "keeps every elementwise intermediate, torch's runtime-optimal min-cut already drops "
-    "the ones that are free to recompute, so remat's 50% and 25% budgets leave more bytes "
-    "than torch's (compare the saved columns and the equal-bytes table). remat's budget is "
-    "also on the compiled peak (it includes a layer's recomputation and backward working "
-    "set), while torch's counts saved bytes and does not check the peak.",
+    "positions of a period of layers dividing the scan's length (a per-layer plan). With a "
+    "period of 2 or 4 the scan runs over groups of layers with the stacked parameters "
+    "reshaped, not copied (the reshaped parameters are counted as the arguments they are); "
+    "with a period of 8, the whole stack, the layers run one after another without a loop, "
+    "each checkpointed, so any number of the 8 layers can save one set (3 or 7 of 8 saving "
+    "the MLP's up-projection), and the first layer's input is the scan's input itself, where "
+    "the scan stacks a copy of it (0.5 MiB on both models, which torch has as a primal). "
+    "So the bytes remat can keep come in steps of one layer's difference between two points "
+    "of its front, and the FLOPs between them; where torch's point lies between those steps "
+    "it keeps a little less or recomputes a little more. The planner's budget is a compiled "
+    "peak, and the equal-bytes plans are found by bisecting it (8 budgets), so a mix whose "
+    "peak falls between two tried budgets can be missed. Where remat does better at the same "
+    "fraction it is because the fractions are of different totals: JAX's autodiff without "
+    "checkpointing keeps every elementwise intermediate, torch's runtime-optimal min-cut "
+    "already drops the ones that are free to recompute, so remat's 50% and 25% budgets leave "
+    "more bytes than torch's (compare the saved columns and the equal-bytes table). remat's "
+    "budget is also on the compiled peak (it includes a layer's recomputation and backward "
+    "working set), while torch's counts saved bytes and does not check the peak.",
 ]
 
 

@@ -301,9 +301,10 @@ def test_schedules_are_charged_what_they_keep_alone():
     prep = _calibrate.prepare(loss, args, 0, True, per_layer=True)
     know = Knowledge(prep)
     scheduled = [o for o, c in enumerate(prep.cands) if c.schedule != "per_step"]
-    # Per-layer mixes of the layer's two Pareto points: 1 of 2 layers, and 1 or 3 of 4.
+    # Per-layer mixes of the layer's two Pareto points: 1 of 2 layers, 1 or 3 of 4, and 1, 3,
+    # 5 or 7 of 8.
     assert [type(prep.cands[o].schedule).__name__ for o in scheduled] == (
-        ["Nested"] + ["Binomial"] * 4 + ["Period"] * 3
+        ["Nested"] + ["Binomial"] * 4 + ["Period"] * 7
     )
     (fit,) = prep.scan_fits
     periods = set()

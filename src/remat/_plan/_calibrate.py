@@ -255,6 +255,21 @@ def _on_cpu(device: Any) -> bool:
     return platform == "cpu"
 
 
+def uniform_of(prep: Prepared) -> Prepared:
+    """``prep`` without its per-layer options (`remat._plan._perlayer`, appended after the
+    uniform ones, so the options kept keep their indices); ``prep`` itself when it has none."""
+    n = sum(1 for c in prep.cands if not c.pattern)
+    if n == len(prep.cands):
+        return prep
+    return dataclasses.replace(
+        prep,
+        cands=prep.cands[:n],
+        options=prep.options[:n],
+        offsets=prep.offsets[:n],
+        option_extra=tuple(extra[:n] for extra in prep.option_extra),
+    )
+
+
 class _First:
     """The baseline's measurement from `baseline_step`'s pending result (for `scan_fit`)."""
 

@@ -117,7 +117,9 @@ def cost(prep: Prepared, known: Known) -> float:
 
 
 def best_known(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
-    """The compiled point with the fewest FLOPs that fits, the smallest peak among equals."""
+    """The compiled point with the fewest FLOPs that fits; among equals a uniform plan (one
+    save set per scan: it compiles faster and differentiates in forward mode too), then the
+    smallest peak."""
     fits = [
         k
         for k in know.measured.values()
@@ -125,4 +127,8 @@ def best_known(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | No
     ]
     if not fits:
         return None
-    return min(fits, key=lambda k: (cost(prep, k), peak_of(k.measured)))
+    return min(fits, key=lambda k: (cost(prep, k), _per_layer(k.choice), peak_of(k.measured)))
+
+
+def _per_layer(choice: Choice) -> bool:
+    return any(s.pattern for s in choice.choices.values())

@@ -15,7 +15,13 @@ point's memory in turn, with the calibrated weights. Each mix of two points is t
 the positions' sums, its sliced bytes and transient memory the largest position's (the
 backward pass differentiates one position at a time), so a solve with per-layer options grows by a binary variable per mix, not by copies of the layer's
 graph. A uniform plan is never among the mixes (two different points each); the ``per_step``
-option keeps every save set reachable.
+option keeps every save set reachable. A period equal to the scan's length is one group of
+all its layers, without a loop: it gives any number of layers saving one set (3 of 8), and
+it also offers each point alone at every layer (no stacked copy of the first layer's input).
+
+The planner runs its rounds on the uniform options first and lets the per-layer ones compete
+only against the plan those verified (`remat._plan._rounds`), so a per-layer plan never
+recomputes more than the uniform plan at the same budget.
 
 What a group body keeps beyond this model (a position's parameter gradients live until the
 group's end) is charged to the option the first time one of its period on its scan is checked
@@ -39,7 +45,7 @@ from ._options import Candidate
 
 # The largest period the planner offers: a group body holds this many copies of the layer,
 # and compile time grows with it (see `remat._trace._periodic`).
-PLANNED_PERIOD = 4
+PLANNED_PERIOD = 8
 
 # Points of a layer's Pareto front kept (the least memory first dropped beyond them): each pair
 # of points, mixed at each period, is one option.
@@ -121,7 +127,11 @@ def period_candidates(
     """The per-layer candidates of every scan (see the module docstring): for each period
     ``g`` dividing its length (up to ``most``) and each pair of points of its front, ``c`` of
     ``g`` positions saving the first set (``c`` prime to ``g``: other mixes are a shorter
-    period's), the others the second."""
+    period's), the others the second; the positions saving less come first (their
+    recomputation then runs last in the backward pass, when fewer saved values are live).
+    With ``g`` the scan's length (one group, no loop: `remat._trace._periodic`), also each
+    point alone at every position: the same save set without the scan, whose first layer's
+    input is the initial carry rather than a copy of it."""
     out = []
     for k, model in enumerate(models):
         gs = periods(model.length, most)
@@ -135,7 +145,9 @@ def period_candidates(
                 for c in range(1, g):
                     if math.gcd(c, g) != 1:
                         continue
-                    out.append(_mix(k, g, steps, ((a, c), (b, g - c)), model))
+                    out.append(_mix(k, g, steps, ((b, g - c), (a, c)), model))
+            if g == model.length:  # one group: each point as a form of its own
+                out += [_mix(k, g, 1, ((p, g),), model) for p in points]
     return out
 
 

@@ -26,7 +26,7 @@ from .._core._budget import Budget
 from .._measure._refusal import refusal_of
 from ._alone import charged_options, check_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
-from ._calibrate import Prepared
+from ._calibrate import Prepared, uniform_of
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost
 from ._milp import Solution, solve
@@ -48,6 +48,8 @@ from ._search import (
 
 # Rounds that compile the whole step, when a plan that fits is known by then.
 ROUNDS = 2
+# Per-layer candidates compiled whole after the uniform rounds, at most (`_per_layer`).
+PER_LAYER_ROUNDS = 2
 # A candidate predicted over the budget tightens the model by its excess and this much more.
 STEP_BACK = 0.002
 # A candidate the model puts this far under the budget is compiled whole at once, and checked
@@ -79,6 +81,58 @@ def plan_prepared(
     if budget_bytes < floor:  # the peak is temporaries + this (`_measure._peak`)
         raise InfeasibleBudget(budget.spec, budget_bytes, floor, peak_of(base),
                                bool(prep.written), floor=floor)  # fmt: skip
+    # Uniform plans first, verified; per-layer ones then compete only against the best of
+    # them (`_per_layer`), so a per-layer plan is never dearer than the uniform plan.
+    uniform = uniform_of(prep)
+    rounds, solve_seconds = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say)
+    if uniform is not prep:
+        rounds += _per_layer(prep, know, budget_bytes, say)
+    best = best_known(prep, know, budget_bytes)
+    if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
+        say("checking the named strategies")
+        try_named(prep, know, budget_bytes, best,
+                  lambda key, choice, alone: _verify(prep, know, key, choice,
+                                                     know.margin or 0.0, alone=alone))  # fmt: skip
+        best = best_known(prep, know, budget_bytes)
+    counts, seconds = tally()
+    stats = PlanStats(
+        step_compiles=counts.get(STEP, 0) - counts0.get(STEP, 0),
+        scan_compiles=sum(counts.values()) - sum(counts0.values())
+        - (counts.get(STEP, 0) - counts0.get(STEP, 0)),
+        compile_seconds=sum(seconds.values()) - sum(seconds0.values()),
+        seconds=time.perf_counter() - clock,
+    )  # fmt: skip
+    if best is None:
+        compiled = [k for k in know.measured.values() if k.measured.peak_source != REFUSED]
+        least = min(compiled, key=lambda k: peak_of(k.measured), default=None)
+        smallest_peak = prep.smallest if least is None else peak_of(least.measured)
+        raise InfeasibleBudget(
+            budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
+            strategy=None if least is None else describe(prep, least.choice),
+        )  # fmt: skip
+    return Plan(
+        fn=_rewrite(prep, best.choice),
+        scans=best.choice.scans,
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=best.predicted,
+        measured=best.measured,
+        baseline_peak_bytes=peak_of(prep.baseline),
+        baseline_flops=prep.baseline.flops,
+        solve_seconds=prep.model_seconds + solve_seconds,
+        rounds=rounds,
+        fingerprint=prep.fingerprint,
+        argnums=prep.argnums,
+        stats=stats,
+        scan_fingerprint=prep.scan_fingerprints[0],
+        scan_structure=prep.scan_fingerprints[1],
+        written=prep.written,
+    )
+
+
+def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, float]:
+    """The rounds of the module docstring with ``prep``'s options (uniform ones: see
+    `uniform_of`); every plan compiled is recorded in ``know``. Returns the rounds run and the
+    seconds spent solving."""
     solve_seconds = 0.0
     rounds = 0
     tight = 0.0
@@ -205,46 +259,35 @@ def plan_prepared(
             break
         elif smallest:
             break  # the least memory the model knows is over: nothing smaller to try
-    best = best_known(prep, know, budget_bytes)
-    if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
-        say("checking the named strategies")
-        try_named(prep, know, budget_bytes, best,
-                  lambda key, choice, alone: _verify(prep, know, key, choice,
-                                                     know.margin or 0.0, alone=alone))  # fmt: skip
+    return rounds, solve_seconds
+
+
+def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> int:
+    """Per-layer candidates against the best plan the uniform rounds verified: the cheapest
+    that its scans, compiled alone, predict to fit with fewer FLOPs (`cheaper_candidate`,
+    over all options) is compiled whole, at most `PER_LAYER_ROUNDS` times until one fits.
+    None is looked for when no uniform plan fits: the mixes lie between the uniform plans'
+    memory levels. Returns the rounds run (steps compiled)."""
+    rounds = 0
+    excluded: list[Solution] = []
+    while rounds < PER_LAYER_ROUNDS:
         best = best_known(prep, know, budget_bytes)
-    counts, seconds = tally()
-    stats = PlanStats(
-        step_compiles=counts.get(STEP, 0) - counts0.get(STEP, 0),
-        scan_compiles=sum(counts.values()) - sum(counts0.values())
-        - (counts.get(STEP, 0) - counts0.get(STEP, 0)),
-        compile_seconds=sum(seconds.values()) - sum(seconds0.values()),
-        seconds=time.perf_counter() - clock,
-    )  # fmt: skip
-    if best is None:
-        compiled = [k for k in know.measured.values() if k.measured.peak_source != REFUSED]
-        least = min(compiled, key=lambda k: peak_of(k.measured), default=None)
-        smallest_peak = prep.smallest if least is None else peak_of(least.measured)
-        raise InfeasibleBudget(
-            budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
-            strategy=None if least is None else describe(prep, least.choice),
-        )  # fmt: skip
-    return Plan(
-        fn=_rewrite(prep, best.choice),
-        scans=best.choice.scans,
-        budget_bytes=budget_bytes,
-        predicted_peak_bytes=best.predicted,
-        measured=best.measured,
-        baseline_peak_bytes=peak_of(prep.baseline),
-        baseline_flops=prep.baseline.flops,
-        solve_seconds=prep.model_seconds + solve_seconds,
-        rounds=rounds,
-        fingerprint=prep.fingerprint,
-        argnums=prep.argnums,
-        stats=stats,
-        scan_fingerprint=prep.scan_fingerprints[0],
-        scan_structure=prep.scan_fingerprints[1],
-        written=prep.written,
-    )
+        if best is None:
+            break
+        say("looking for a cheaper per-layer plan on the scans alone")
+        found = cheaper_candidate(prep, know, budget_bytes, charged_options(prep, know), 0.0,
+                                  excluded, cost(prep, best), band_for(know, True, True),
+                                  seen_in(best))  # fmt: skip
+        if found is None:
+            break
+        solution, choice, alone = found
+        excluded.append(solution)
+        say(f"verifying a per-layer plan (round {rounds + 1}): compiling the step")
+        _verify(prep, know, choice_key(choice), choice, know.margin or 0.0, alone=alone)
+        rounds += 1
+        if best_known(prep, know, budget_bytes) is not best:
+            break  # it fits: the cheapest found
+    return rounds
 
 
 def _verify(prep, know, key, choice, margin, alone=None, beside=None) -> None:
