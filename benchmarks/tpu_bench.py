@@ -84,14 +84,38 @@ def placed(preset, sizes: dict, target: remat.Target, parallelism: str):
     or ``"fsdp"``: every weight sharded along its largest dimension (`remat.Target.place`)
     and the activations along the batch inside the layers, as MaxText's logical axis rules
     shard them (`remat._models._maxtext.DecoderLayer.activations`)."""
-    sizes = {**sizes, "dtype": jnp.bfloat16}
+    sizes = {**sizes, "dtype": jnp.bfloat16, "float32_logits": False}
     if parallelism == "fsdp":
         P = jax.sharding.PartitionSpec
         sizes["activations"] = NamedSharding(target.mesh(), P(MESH_AXIS))
         loss, args = decoder_shapes(preset, sizes)
-        return loss, target.place(args, 0)
+        return loss, fsdp(args, target, sizes["d_model"])
     loss, args = decoder_shapes(preset, sizes)
     return loss, data_parallel(args, target)
+
+
+def fsdp(args, target: remat.Target, d_model: int):
+    """FSDP as MaxText's logical axis rules give it on a mesh of one ``fsdp`` axis: every
+    weight sharded along its model dimension (``embed``: the embedding table's columns, the
+    logits' and every layer kernel's ``d_model`` side), the tokens along the batch.
+    (`remat.Target.place` shards each weight along its largest dimension instead: the
+    vocabulary of the embedding table, whose lookup then gathers every chip's tokens.)"""
+    mesh = target.mesh()
+    P = jax.sharding.PartitionSpec
+
+    def spec(leaf):
+        axes = [None] * len(leaf.shape)
+        model = [i for i, n in enumerate(leaf.shape) if n == d_model]
+        if model:
+            axes[model[-1]] = MESH_AXIS
+        return NamedSharding(mesh, P(*axes))
+
+    params, tokens = args
+    params = jax.tree_util.tree_map(
+        lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=spec(p)), params
+    )
+    batch = NamedSharding(mesh, P(MESH_AXIS))
+    return params, jax.ShapeDtypeStruct(tokens.shape, tokens.dtype, sharding=batch)
 
 
 def compile_preset(name: str, sizes: dict, target: remat.Target, parallelism: str) -> dict:

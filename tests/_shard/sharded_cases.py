@@ -342,6 +342,24 @@ def plan_from_sharded_shapes():
 
 
 @case
+def fsdp_gradients_sharded():
+    """Weights sharded over 8 devices (FSDP): the gradients of the step `remat.measure`
+    compiles come out sharded as the weights are; `jax.jit` alone returns them whole."""
+    mesh = make_mesh((8,), ("fsdp",))
+    fsdp, batch = NamedSharding(mesh, P(None, None, "fsdp")), NamedSharding(mesh, P("fsdp"))
+    ws = jax.ShapeDtypeStruct((4, 32, 32), jnp.float32, sharding=fsdp)
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=batch)
+    plain = jax.jit(jax.value_and_grad(mlp_loss)).lower(ws, x).compile()
+    measured = remat.measure(mlp_loss, ws, x, strategy="full", repeats=0)
+    return {
+        "plain_output": plain.memory_analysis().output_size_in_bytes,
+        "plain_specs": specs(plain.output_shardings),
+        "output": measured.output_bytes,
+        "weights": 4 * 32 * 32 * 4,
+    }
+
+
+@case
 def per_layer_sharded():
     """A per-layer choice on a program sharded over data (batch) and fsdp (the weights' last
     axis): the grouped scan keeps the program's gradients, and with the same save set at
@@ -386,11 +404,15 @@ def plan_refused_sharded():
         jax.device_put(x, NamedSharding(mesh, P("data"))),
     )
     plain = remat.measure(mlp_loss, ws, x, repeats=0)
-    limit, real, refused = plain.peak_bytes * 7 // 10, _compile.compile_lowered, []
+    limit, real, refused, steps = plain.peak_bytes * 7 // 10, _compile.compile_lowered, [], []
+    strict = []  # when set: every step after the first two (baseline, recomputing) refused
 
     def compile_lowered(lowered, kind):
         compiled = real(lowered, kind)
-        if kind == _compile.STEP and peak_bytes(compiled) > limit:
+        if kind != _compile.STEP:
+            return compiled
+        steps.append(peak_bytes(compiled))
+        if peak_bytes(compiled) > limit or (strict and len(steps) > 2):
             refused.append(peak_bytes(compiled))
             raise jax.errors.JaxRuntimeError(refusal_message(peak_bytes(compiled), limit))
         return compiled
@@ -399,10 +421,16 @@ def plan_refused_sharded():
     _compile.compile_lowered = compile_lowered
     try:
         p = remat.plan(mlp_loss, ws, x, budget="60%", schedules=False, verbose=False)
+        # Only the step that recomputes everything (compiled in the baseline's place) fits:
+        # every candidate the planner compiles is refused, and it is the plan.
+        forget()
+        limit, steps[:], strict[:] = steps[1], [], [True]
+        only = remat.plan(mlp_loss, ws, x, budget=limit, schedules=False, verbose=False)
     finally:
         _compile.compile_lowered = real
         forget()
     return {
+        "only_full": [only.measured_peak_bytes, limit, only.measured.flops, p.baseline_flops],
         "plain": [plain.peak_bytes, plain.flops],
         "baseline": [p.baseline_peak_bytes, p.baseline_flops],
         "budget": p.budget_bytes,

@@ -154,6 +154,16 @@ def test_per_device_plans_fit_an_output_dominated_stack(cases):
         assert r["compiled"] == r["measured"] <= r["budget"], r
 
 
+def test_fsdp_gradients_come_out_sharded_as_the_weights(cases):
+    """Left to XLA, the gradients of weights sharded 8 ways come out whole on each device (a
+    Llama-3-8B step on a v5e-16 then asks 5.4 GiB per chip for 2 layers' gradients); the
+    measured step keeps each gradient sharded as its weight: an eighth per device."""
+    out = result(cases, "fsdp_gradients_sharded")
+    loss = out["plain_output"] - out["weights"]  # the loss and its tuple's bytes
+    assert out["plain_specs"] == ["PartitionSpec()", "PartitionSpec()"]
+    assert out["output"] == loss + out["weights"] // 8
+
+
 def test_plan_from_sharded_shapes_is_the_plan_of_the_placed_arrays(cases):
     out = result(cases, "plan_from_sharded_shapes")
     assert out["devices"] == 8
@@ -173,4 +183,7 @@ def test_plan_where_the_compiler_refuses_the_sharded_step(cases):
     assert flops == plain_flops
     assert out["budget"] == int(0.6 * peak)
     assert out["measured"] <= out["budget"]
+    # at the recomputing step's own peak, every other candidate refused: that step is the plan
+    only_peak, limit, only_flops, flops = out["only_full"]
+    assert only_peak == limit and only_flops > flops
     assert out["grads_equal"]

@@ -115,6 +115,9 @@ class Prepared:
     # The most memory the compiler gives a program (a TPU chip's usable HBM), where known:
     # a budget above it is planned at it (`_baseline.budget_within`).
     limit: int | None = None
+    # ``(choice, measured)`` of the step that recomputes everything where it was compiled in
+    # the refused baseline's place: a compiled point like any plan's (`_memo.Knowledge`).
+    recomputing: Any = None
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -235,7 +238,11 @@ def prepare(
         margin=margin,
         refusal=refusal,
         limit=memory_limit(refusal, compile_device(args)),
-    )
+        recomputing=None if recomputing is None else (
+            fixed_choice(cands, offsets, models, per_step, save=False),
+            dataclasses.replace(recomputing, strategy="plan"),
+        ),
+    )  # fmt: skip
 
 
 class _First:
