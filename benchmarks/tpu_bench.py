@@ -84,7 +84,7 @@ def placed(preset, sizes: dict, target: remat.Target, parallelism: str):
     or ``"fsdp"``: every weight sharded along its largest dimension (`remat.Target.place`)
     and the activations along the batch inside the layers, as MaxText's logical axis rules
     shard them (`remat._models._maxtext.DecoderLayer.activations`)."""
-    sizes = {**sizes, "dtype": jnp.bfloat16, "float32_logits": False}
+    sizes = {**sizes, "dtype": jnp.bfloat16}
     if parallelism == "fsdp":
         P = jax.sharding.PartitionSpec
         sizes["activations"] = NamedSharding(target.mesh(), P(MESH_AXIS))

@@ -160,7 +160,7 @@ def test_fsdp_gradients_come_out_sharded_as_the_weights(cases):
     measured step keeps each gradient sharded as its weight: an eighth per device."""
     out = result(cases, "fsdp_gradients_sharded")
     loss = out["plain_output"] - out["weights"]  # the loss and its tuple's bytes
-    assert out["plain_specs"] == ["PartitionSpec()", "PartitionSpec()"]
+    assert out["plain_specs"] == ["P()", "P()"]  # the loss and the gradients: whole
     assert out["output"] == loss + out["weights"] // 8
 
 

@@ -33,9 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-# The benchmark's sizes: the full run and ``--quick``. ``kv_heads`` (default ``heads``),
-# ``dtype`` (default float32), ``activations`` and ``float32_logits`` (default True) are
-# optional (see `DecoderLayer`).
+# The benchmark's sizes: the full run and ``--quick``. ``kv_heads`` (default ``heads``) and
+# ``dtype`` (default float32) are optional.
 FULL = dict(layers=8, d_model=128, heads=4, mlp_dim=512, seq=128, batch=8, vocab=256)
 QUICK = dict(layers=4, d_model=64, heads=4, mlp_dim=256, seq=64, batch=4, vocab=128)
 
@@ -91,9 +90,6 @@ class DecoderLayer(nn.Module):
     # give it (the batch over the data and FSDP axes), or None: XLA propagates one from the
     # parameters (with FSDP sharding the weights, it keeps the activations whole).
     activations: Any = None
-    # The attention scores, their softmax and the context in float32 (MaxText's
-    # ``float32_logits``); False keeps them in ``dtype``, MaxText's default.
-    float32_logits: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
@@ -112,8 +108,7 @@ class DecoderLayer(nn.Module):
         v = checkpoint_name(dense((kv, hd), "value")(h), "value_proj")
         if kv != self.heads:  # each key/value head serves heads // kv query heads
             k, v = (jnp.repeat(a, self.heads // kv, axis=2) for a in (k, v))
-        scale = np.asarray(np.sqrt(hd), np.float32 if self.float32_logits else self.dtype)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / scale
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(hd))
         causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
         probs = jax.nn.softmax(jnp.where(causal, scores, jnp.finfo(scores.dtype).min), axis=-1)
         ctx = checkpoint_name(jnp.einsum("bhqk,bkhd->bqhd", probs, v), "context")
@@ -143,7 +138,6 @@ class Decoder(nn.Module):
     kv_heads: int | None = None
     dtype: Any = jnp.float32
     activations: Any = None  # see `DecoderLayer.activations`
-    float32_logits: bool = True  # see `DecoderLayer.float32_logits`
 
     @nn.compact
     def __call__(self, tokens):
@@ -158,7 +152,7 @@ class Decoder(nn.Module):
             split_rngs={"params": True},
             length=self.layers,
         )(self.d_model, self.heads, self.mlp_dim, self.kv_heads, self.dtype, self.activations,
-          self.float32_logits, name="layers")  # fmt: skip
+          name="layers")  # fmt: skip
         x, _ = stack(x, None)
         x = RMSNorm(name="decoder_norm")(x)
         logits = nn.DenseGeneral(self.vocab, use_bias=False, name="logits_dense", dtype=self.dtype)
@@ -209,7 +203,6 @@ def _model(policy_names: tuple[str, ...] | None, sizes: dict):
         sizes["layers"], sizes["d_model"], sizes["heads"], sizes["mlp_dim"], sizes["vocab"],
         policy=policy, remat=use_remat, kv_heads=sizes.get("kv_heads"),
         dtype=sizes.get("dtype", jnp.float32), activations=sizes.get("activations"),
-        float32_logits=sizes.get("float32_logits", True),
     )  # fmt: skip
 
     def loss(params, tokens):

@@ -115,9 +115,10 @@ class Prepared:
     # The most memory the compiler gives a program (a TPU chip's usable HBM), where known:
     # a budget above it is planned at it (`_baseline.budget_within`).
     limit: int | None = None
-    # ``(choice, measured)`` of the step that recomputes everything where it was compiled in
-    # the refused baseline's place: a compiled point like any plan's (`_memo.Knowledge`).
-    recomputing: Any = None
+    # ``(choice, measured)`` of the steps compiled while calibrating where the compiler refused
+    # the baseline (the step that recomputes everything, in its place, and the one that saves
+    # the unfused values): compiled points like any plan's (`_memo.Knowledge`).
+    compiled: tuple[tuple[Any, Measurement], ...] = ()
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -180,12 +181,13 @@ def prepare(
     # (`_baseline`); ``first`` is (baseline, refusal, the step that recomputes everything).
     first = functools.partial(baseline_step, fn, args, argnums, cands, offsets, models, per_step)
     refusal = recomputing = None
+    compiled: list[tuple[Any, Measurement]] = []
     if devices > 1:
         if baseline is None:
             say("compiling the un-checkpointed step")
             baseline, refusal, recomputing = first()
         say("calibrating on compiled steps")
-        fit, calibration, scan_fits = step_fit(
+        fit, calibration, scan_fits, compiled = step_fit(
             fn, args, argnums, cands, offsets, models, per_step, refusal, recomputing
         )
         alone, margin = (), None
@@ -202,6 +204,7 @@ def prepare(
                 baseline, refusal, recomputing = pending.result()
         if refusal is not None:  # the stand-in recomputes everything: it shows no margin
             margin = None
+            compiled = [(fixed_choice(cands, offsets, models, per_step, save=False), recomputing)]
     base, stored, slice_weight, weight = fit
     if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
         clock = time.perf_counter()
@@ -238,10 +241,7 @@ def prepare(
         margin=margin,
         refusal=refusal,
         limit=memory_limit(refusal, compile_device(args)),
-        recomputing=None if recomputing is None else (
-            fixed_choice(cands, offsets, models, per_step, save=False),
-            dataclasses.replace(recomputing, strategy="plan"),
-        ),
+        compiled=tuple((c, dataclasses.replace(m, strategy="plan")) for c, m in compiled),
     )  # fmt: skip
 
 
@@ -361,12 +361,29 @@ def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, 
 
     Where the compiler refused the un-checkpointed step (``refusal``), the step that saves
     everything is not compiled: its peak is the memory the refusal states, and the step that
-    saves nothing is the one compiled in the baseline's place (``recomputing``)."""
+    saves nothing is the one compiled in the baseline's place (``recomputing``). The step that
+    saves every unfused value is compiled as a third point (its refusal's stated size where
+    it is refused): two points at the ends miss how the peak bends between them, and the plans
+    wanted there lie between. Returns ``(fit, calibration, (), compiled)``, ``compiled`` the
+    ``(choice, measurement)`` of each step compiled that is a plan (`Prepared.compiled`)."""
     everything = fixed_choice(cands, offsets, models, per_step, save=True)
     nothing = fixed_choice(cands, offsets, models, per_step, save=False)
+    compiled: list[tuple[Any, Measurement]] = []
     if refusal is not None and recomputing is not None:
         peak_all = refused_peak(refusal, fn, args, argnums, everything.choices)
         peak_none = recomputing.peak_bytes
+        compiled.append((nothing, recomputing))
+        unfused = fixed_choice(cands, offsets, models, per_step, save="unfused")
+        if unfused.stored not in (everything.stored, nothing.stored):
+            mid = _stated_or_measured(fn, args, argnums, unfused)
+            points = [(everything, peak_all), (nothing, peak_none)]
+            if mid is not None:
+                peak_mid, measured = mid
+                points.append((unfused, peak_mid))
+                compiled += [(unfused, measured)] if measured is not None else []
+                fit = calibrate3(points)
+                if fit is not None:
+                    return fit, points, (), compiled
     else:
         peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
         peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
@@ -376,7 +393,23 @@ def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, 
         peak_none, nothing.stored + SLICE_WEIGHT * nothing.sliced, nothing.transient,
     )  # fmt: skip
     fit = (float(base), float(stored), float(stored * SLICE_WEIGHT), float(weight))
-    return fit, [(everything, peak_all), (nothing, peak_none)], ()
+    return fit, [(everything, peak_all), (nothing, peak_none)], (), compiled
+
+
+def _stated_or_measured(fn, args, argnums, choice) -> tuple[int, Measurement | None] | None:
+    """``(peak, measurement)`` of the step with ``choice`` compiled, ``(stated size, None)``
+    where the compiler refuses it and states its size, None where it states none."""
+    from .._measure._refusal import refusal_of
+    from ._compile import compile_measure
+
+    try:
+        measured = compile_measure(rewrite(fn, choice.choices), args, argnums, "plan", None)
+    except jax.errors.JaxRuntimeError as err:
+        refusal = refusal_of(err)
+        if refusal is None:
+            raise
+        return None if refusal.asked_bytes is None else (refusal.asked_bytes, None)
+    return peak_of(measured), measured
 
 
 def calibrate(

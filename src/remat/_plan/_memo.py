@@ -56,8 +56,7 @@ class Knowledge:
         self.alone.update(self.prepared.alone)
         if self.margin is None:
             self.margin = self.prepared.margin
-        if self.prepared.recomputing is not None:  # compiled in the refused baseline's place
-            choice, measured = self.prepared.recomputing
+        for choice, measured in self.prepared.compiled:  # steps compiled while calibrating
             known = Known(choice, measured, peak_of(measured))
             self.measured.setdefault(choice_key(choice), known)
 
