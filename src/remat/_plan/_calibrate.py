@@ -115,9 +115,8 @@ class Prepared:
     # The most memory the compiler gives a program (a TPU chip's usable HBM), where known:
     # a budget above it is planned at it (`_baseline.budget_within`).
     limit: int | None = None
-    # ``(choice, measured)`` of the steps compiled while calibrating where the compiler refused
-    # the baseline (the step that recomputes everything, in its place, and the one that saves
-    # the unfused values): compiled points like any plan's (`_memo.Knowledge`).
+    # ``(choice, measured)`` of the step that recomputes everything, compiled in the refused
+    # baseline's place: a compiled point like any plan's (`_memo.Knowledge`).
     compiled: tuple[tuple[Any, Measurement], ...] = ()
 
 
@@ -356,16 +355,14 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
 
 
 def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, recomputing=None):
-    """The memory model fitted on compiled steps: every needed value saved, nothing saved,
-    and every unfused value saved (see `calibrate` and `calibrate3`).
+    """The memory model fitted on compiled steps: every needed value saved and nothing saved
+    (see `calibrate`).
 
     Where the compiler refused the un-checkpointed step (``refusal``), the step that saves
     everything is not compiled: its peak is the memory the refusal states, and the step that
-    saves nothing is the one compiled in the baseline's place (``recomputing``). The step that
-    saves every unfused value is compiled as a third point (its refusal's stated size where
-    it is refused): two points at the ends miss how the peak bends between them, and the plans
-    wanted there lie between. Returns ``(fit, calibration, (), compiled)``, ``compiled`` the
-    ``(choice, measurement)`` of each step compiled that is a plan (`Prepared.compiled`)."""
+    saves nothing is the one compiled in the baseline's place (``recomputing``). Returns
+    ``(fit, calibration, (), compiled)``, ``compiled`` the ``(choice, measurement)`` of each
+    step compiled here that is a plan (`Prepared.compiled`)."""
     everything = fixed_choice(cands, offsets, models, per_step, save=True)
     nothing = fixed_choice(cands, offsets, models, per_step, save=False)
     compiled: list[tuple[Any, Measurement]] = []
@@ -373,17 +370,6 @@ def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, 
         peak_all = refused_peak(refusal, fn, args, argnums, everything.choices)
         peak_none = recomputing.peak_bytes
         compiled.append((nothing, recomputing))
-        unfused = fixed_choice(cands, offsets, models, per_step, save="unfused")
-        if unfused.stored not in (everything.stored, nothing.stored):
-            mid = _stated_or_measured(fn, args, argnums, unfused)
-            points = [(everything, peak_all), (nothing, peak_none)]
-            if mid is not None:
-                peak_mid, measured = mid
-                points.append((unfused, peak_mid))
-                compiled += [(unfused, measured)] if measured is not None else []
-                fit = calibrate3(points)
-                if fit is not None:
-                    return fit, points, (), compiled
     else:
         peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
         peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
@@ -394,22 +380,6 @@ def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, 
     )  # fmt: skip
     fit = (float(base), float(stored), float(stored * SLICE_WEIGHT), float(weight))
     return fit, [(everything, peak_all), (nothing, peak_none)], (), compiled
-
-
-def _stated_or_measured(fn, args, argnums, choice) -> tuple[int, Measurement | None] | None:
-    """``(peak, measurement)`` of the step with ``choice`` compiled, ``(stated size, None)``
-    where the compiler refuses it and states its size, None where it states none."""
-    from .._measure._refusal import refusal_of
-    from ._compile import compile_measure
-
-    try:
-        measured = compile_measure(rewrite(fn, choice.choices), args, argnums, "plan", None)
-    except jax.errors.JaxRuntimeError as err:
-        refusal = refusal_of(err)
-        if refusal is None:
-            raise
-        return None if refusal.asked_bytes is None else (refusal.asked_bytes, None)
-    return peak_of(measured), measured
 
 
 def calibrate(
