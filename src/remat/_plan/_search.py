@@ -138,14 +138,7 @@ def band_for(know: Knowledge, calibrated: bool, fits: bool) -> float:
     """How far over the budget a cheaper candidate checked alone may be predicted and still
     be verified: `BAND` in a program's first plan, before the memory outside the scans is
     measured, or once a plan that fits is compiled (a candidate over the budget then costs a
-    compile, not the plan); none in a program planned before (it compiles the step once).
-    A program calibrated on compiled steps (sharded: no scan-alone checks, its model fitted at
-    the two ends, every value saved and none) verifies one up to the largest `RELAX` over,
-    once a plan that fits is known: that compile is the only check its candidates get, and
-    the plans between the ends are where its linear model errs (a Llama step on a TPU slice
-    put MaxText's ``save_qkv_proj`` over the budget where it compiles under it)."""
-    if fits and not know.prepared.scan_fits:
-        return RELAX[-1]
+    compile, not the plan); none in a program planned before (it compiles the step once)."""
     if calibrated:
         return 0.0
     return BAND if know.margin is None or fits else 0.0
