@@ -282,10 +282,9 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "(RoPE's output, and so the attention scores, in f32); multi-head attention without "
         "flash attention. A step the compiler refuses shows the HBM it asked for. The compiler "
         "refuses every un-checkpointed step, so `remat.plan` starts from the step that "
-        "recomputes everything, takes the un-checkpointed step's peak from the refusal, and "
-        "calibrates on a third step that saves every unfused value (docs/tpu.md); a budget of "
-        "a v5e's 16 GiB is planned at the 15.75 GiB the compiler gives a program. The plan's "
-        "FLOPs are against "
+        "recomputes everything and takes the un-checkpointed step's peak from the refusal "
+        "(docs/tpu.md); a budget of a v5e's 16 GiB is planned at the 15.75 GiB the compiler "
+        "gives a program. The plan's FLOPs are against "
         "the un-checkpointed step's (the recomputing step's less the cost model's "
         "recomputation). Compile and plan seconds were measured while other jobs loaded this "
         "machine's 2 cores.",
