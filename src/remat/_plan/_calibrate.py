@@ -180,13 +180,12 @@ def prepare(
     # (`_baseline`); ``first`` is (baseline, refusal, the step that recomputes everything).
     first = functools.partial(baseline_step, fn, args, argnums, cands, offsets, models, per_step)
     refusal = recomputing = None
-    compiled: list[tuple[Any, Measurement]] = []
     if devices > 1:
         if baseline is None:
             say("compiling the un-checkpointed step")
             baseline, refusal, recomputing = first()
         say("calibrating on compiled steps")
-        fit, calibration, scan_fits, compiled = step_fit(
+        fit, calibration, scan_fits = step_fit(
             fn, args, argnums, cands, offsets, models, per_step, refusal, recomputing
         )
         alone, margin = (), None
@@ -203,7 +202,6 @@ def prepare(
                 baseline, refusal, recomputing = pending.result()
         if refusal is not None:  # the stand-in recomputes everything: it shows no margin
             margin = None
-            compiled = [(fixed_choice(cands, offsets, models, per_step, save=False), recomputing)]
     base, stored, slice_weight, weight = fit
     if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
         clock = time.perf_counter()
@@ -240,7 +238,10 @@ def prepare(
         margin=margin,
         refusal=refusal,
         limit=memory_limit(refusal, compile_device(args)),
-        compiled=tuple((c, dataclasses.replace(m, strategy="plan")) for c, m in compiled),
+        compiled=() if recomputing is None else (
+            (fixed_choice(cands, offsets, models, per_step, save=False),
+             dataclasses.replace(recomputing, strategy="plan")),
+        ),
     )  # fmt: skip
 
 
@@ -360,16 +361,12 @@ def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, 
 
     Where the compiler refused the un-checkpointed step (``refusal``), the step that saves
     everything is not compiled: its peak is the memory the refusal states, and the step that
-    saves nothing is the one compiled in the baseline's place (``recomputing``). Returns
-    ``(fit, calibration, (), compiled)``, ``compiled`` the ``(choice, measurement)`` of each
-    step compiled here that is a plan (`Prepared.compiled`)."""
+    saves nothing is the one compiled in the baseline's place (``recomputing``)."""
     everything = fixed_choice(cands, offsets, models, per_step, save=True)
     nothing = fixed_choice(cands, offsets, models, per_step, save=False)
-    compiled: list[tuple[Any, Measurement]] = []
     if refusal is not None and recomputing is not None:
         peak_all = refused_peak(refusal, fn, args, argnums, everything.choices)
         peak_none = recomputing.peak_bytes
-        compiled.append((nothing, recomputing))
     else:
         peak_all = light_peak(rewrite(fn, everything.choices), args, argnums)
         peak_none = light_peak(rewrite(fn, nothing.choices), args, argnums)
@@ -379,7 +376,7 @@ def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, 
         peak_none, nothing.stored + SLICE_WEIGHT * nothing.sliced, nothing.transient,
     )  # fmt: skip
     fit = (float(base), float(stored), float(stored * SLICE_WEIGHT), float(weight))
-    return fit, [(everything, peak_all), (nothing, peak_none)], (), compiled
+    return fit, [(everything, peak_all), (nothing, peak_none)], ()
 
 
 def calibrate(
