@@ -4,8 +4,9 @@ Every figure comes from XLA's TPU compiler (libtpu, deviceless: `remat.Target`),
 slices these sizes train on (one sequence per chip):
 
 - Llama-3.2-1B on a v5e-4 (2x2) and Llama-3-8B on a v5p-8 (2x2x1), data parallel, and
-  Llama-3-8B on a v5e-16 (4x4) with FSDP (weights sharded, activations constrained to the
-  batch inside the layers, as MaxText's logical axis rules shard them), built
+  Llama-3-8B on a v5e-16 (4x4) with FSDP (weights sharded along their model dimension,
+  activations constrained to the batch inside the layers, as MaxText's logical axis rules
+  shard them), built
   with `remat._models._maxtext` (MaxText's layers and ``checkpoint_name`` s; multi-head
   attention where Llama has 8 key-value heads, and no flash attention, so the attention
   scores are materialised), bfloat16 activations on float32 parameters;
@@ -67,8 +68,8 @@ def data_parallel(args, target: remat.Target):
     """Data parallelism: the parameters replicated on every chip, the batch split over them.
     (`remat.Target.place`'s FSDP placement alone shards each weight along its largest
     dimension, the vocabulary or MLP one, and XLA then keeps the activations whole on each
-    chip: 452 GiB per chip for the 8B step; the ``"fsdp"`` runs add the decoder's sharding
-    constraints on the activations, see `placed`.)"""
+    chip: 455.70 G asked per chip for the 8B step; the ``"fsdp"`` runs add the decoder's
+    sharding constraints on the activations, see `placed`.)"""
     mesh = target.mesh()
     P = jax.sharding.PartitionSpec
 
@@ -81,17 +82,41 @@ def data_parallel(args, target: remat.Target):
 
 def placed(preset, sizes: dict, target: remat.Target, parallelism: str):
     """The decoder's loss and arguments on ``target``: ``"data"`` parallel (`data_parallel`),
-    or ``"fsdp"``: every weight sharded along its largest dimension (`remat.Target.place`)
-    and the activations along the batch inside the layers, as MaxText's logical axis rules
-    shard them (`remat._models._maxtext.DecoderLayer.activations`)."""
+    or ``"fsdp"``: every weight sharded along its model dimension (`fsdp`) and the
+    activations along the batch inside the layers, as MaxText's logical axis rules shard them
+    (`remat._models._maxtext.DecoderLayer.activations`)."""
     sizes = {**sizes, "dtype": jnp.bfloat16}
     if parallelism == "fsdp":
         P = jax.sharding.PartitionSpec
         sizes["activations"] = NamedSharding(target.mesh(), P(MESH_AXIS))
         loss, args = decoder_shapes(preset, sizes)
-        return loss, target.place(args, 0)
+        return loss, fsdp(args, target, sizes["d_model"])
     loss, args = decoder_shapes(preset, sizes)
     return loss, data_parallel(args, target)
+
+
+def fsdp(args, target: remat.Target, d_model: int):
+    """FSDP as MaxText's logical axis rules give it on a mesh of one ``fsdp`` axis: every
+    weight sharded along its model dimension (``embed``: the embedding table's columns, the
+    logits' and every layer kernel's ``d_model`` side), the tokens along the batch.
+    (`remat.Target.place` shards each weight along its largest dimension instead: the
+    vocabulary of the embedding table, whose lookup then gathers every chip's tokens.)"""
+    mesh = target.mesh()
+    P = jax.sharding.PartitionSpec
+
+    def spec(leaf):
+        axes = [None] * len(leaf.shape)
+        model = [i for i, n in enumerate(leaf.shape) if n == d_model]
+        if model:
+            axes[model[-1]] = MESH_AXIS
+        return NamedSharding(mesh, P(*axes))
+
+    params, tokens = args
+    params = jax.tree_util.tree_map(
+        lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=spec(p)), params
+    )
+    batch = NamedSharding(mesh, P(MESH_AXIS))
+    return params, jax.ShapeDtypeStruct(tokens.shape, tokens.dtype, sharding=batch)
 
 
 def compile_preset(name: str, sizes: dict, target: remat.Target, parallelism: str) -> dict:
@@ -250,14 +275,16 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "`--only N --save FILE`, then `--load FILES`). " + _machines(machines) + ".",
         "Peaks are per chip, HBM (`temp + argument + output - alias`, remat's TPU rule); the "
         "compiler's `peak_memory_in_bytes` also counts on-chip VMEM (docs/tpu.md). `data`: "
-        "parameters replicated, the batch split; `fsdp`: every weight sharded along its "
-        "largest dimension and the activations along the batch inside the layers (sharding "
-        "constraints, `_models/_maxtext.py`); one sequence per chip; bf16 activations, f32 "
-        "parameters and gradients; multi-head attention without flash attention. A step the "
-        "compiler refuses shows the HBM it asked for. The compiler refuses every un-checkpointed "
-        "step, so `remat.plan` starts from the step that recomputes everything and takes the "
-        "un-checkpointed step's peak from the refusal (docs/tpu.md); a budget of a v5e's 16 GiB "
-        "is planned at the 15.75 GiB the compiler gives a program. The plan's FLOPs are against "
+        "parameters replicated, the batch split; `fsdp`: every weight sharded along its model "
+        "dimension (MaxText's `embed` axis) and the activations along the batch inside the "
+        "layers (sharding constraints, `_models/_maxtext.py`); gradients sharded as their "
+        "parameters; one sequence per chip; bf16 activations, f32 parameters and gradients "
+        "(RoPE's output, and so the attention scores, in f32); multi-head attention without "
+        "flash attention. A step the compiler refuses shows the HBM it asked for. The compiler "
+        "refuses every un-checkpointed step, so `remat.plan` starts from the step that "
+        "recomputes everything and takes the un-checkpointed step's peak from the refusal "
+        "(docs/tpu.md); a budget of a v5e's 16 GiB is planned at the 15.75 GiB the compiler "
+        "gives a program. The plan's FLOPs are against "
         "the un-checkpointed step's (the recomputing step's less the cost model's "
         "recomputation). Compile and plan seconds were measured while other jobs loaded this "
         "machine's 2 cores.",

@@ -35,7 +35,7 @@ from remat._models._gpt_sharded import make_mesh, make_sharded_gpt
 from remat._shard._sharding import program_shardings
 
 CASES = {}
-SLOW = ("gpt_sharded_grads_equal_unsharded",)  # run by the slow test only
+SLOW = ("gpt_sharded_grads_equal_unsharded", "plan_refused_decoder")  # run by slow tests only
 ROOT = Path(__file__).resolve().parents[2]
 GPT = dict(layers=2, d_model=16, seq=8, batch=8, heads=2, vocab=32)
 
@@ -342,6 +342,24 @@ def plan_from_sharded_shapes():
 
 
 @case
+def fsdp_gradients_sharded():
+    """Weights sharded over 8 devices (FSDP): the gradients of the step `remat.measure`
+    compiles come out sharded as the weights are; `jax.jit` alone returns them whole."""
+    mesh = make_mesh((8,), ("fsdp",))
+    fsdp, batch = NamedSharding(mesh, P(None, None, "fsdp")), NamedSharding(mesh, P("fsdp"))
+    ws = jax.ShapeDtypeStruct((4, 32, 32), jnp.float32, sharding=fsdp)
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=batch)
+    plain = jax.jit(jax.value_and_grad(mlp_loss)).lower(ws, x).compile()
+    measured = remat.measure(mlp_loss, ws, x, strategy="full", repeats=0)
+    return {
+        "plain_output": plain.memory_analysis().output_size_in_bytes,
+        "plain_specs": specs(plain.output_shardings),
+        "output": measured.output_bytes,
+        "weights": 4 * 32 * 32 * 4,
+    }
+
+
+@case
 def per_layer_sharded():
     """A per-layer choice on a program sharded over data (batch) and fsdp (the weights' last
     axis): the grouped scan keeps the program's gradients, and with the same save set at
@@ -386,12 +404,16 @@ def plan_refused_sharded():
         jax.device_put(x, NamedSharding(mesh, P("data"))),
     )
     plain = remat.measure(mlp_loss, ws, x, repeats=0)
-    limit, real, refused = plain.peak_bytes * 7 // 10, _compile.compile_lowered, []
+    limit, real, refused, steps = plain.peak_bytes * 7 // 10, _compile.compile_lowered, [], []
+    strict = []  # when set: every step after the first two (baseline, recomputing) refused
 
     def compile_lowered(lowered, kind, read=None):
         out = real(lowered, kind, read)
+        if kind != _compile.STEP:
+            return out
         compiled = out if read is None else out[0]
-        if kind == _compile.STEP and peak_bytes(compiled) > limit:
+        steps.append(peak_bytes(compiled))
+        if peak_bytes(compiled) > limit or (strict and len(steps) > 2):
             refused.append(peak_bytes(compiled))
             raise jax.errors.JaxRuntimeError(refusal_message(peak_bytes(compiled), limit))
         return out
@@ -400,10 +422,16 @@ def plan_refused_sharded():
     _compile.compile_lowered = compile_lowered
     try:
         p = remat.plan(mlp_loss, ws, x, budget="60%", schedules=False, verbose=False)
+        # Only the step that recomputes everything (compiled in the baseline's place) fits:
+        # every candidate the planner compiles is refused, and it is the plan.
+        forget()
+        limit, steps[:], strict[:] = steps[1], [], [True]
+        only = remat.plan(mlp_loss, ws, x, budget=limit, schedules=False, verbose=False)
     finally:
         _compile.compile_lowered = real
         forget()
     return {
+        "only_full": [only.measured_peak_bytes, limit, only.measured.flops, p.baseline_flops],
         "plain": [plain.peak_bytes, plain.flops],
         "baseline": [p.baseline_peak_bytes, p.baseline_flops],
         "budget": p.budget_bytes,
@@ -411,6 +439,56 @@ def plan_refused_sharded():
         "devices": p.measured.num_devices,
         "first_refused": refused[0],
         "grads_equal": tree_allclose(jax.grad(p.fn)(ws, x), jax.grad(mlp_loss)(ws, x)),
+    }
+
+
+@case
+def plan_refused_decoder():
+    """MaxText's decoder, data parallel over 8 devices, where the compiler refuses every step
+    over 70% of the un-checkpointed peak: the plan at 60% against MaxText's presets measured
+    at the same placement."""
+    from remat._measure._peak import peak_bytes
+    from remat._measure._refusal import refusal_message
+    from remat._models._maxtext import PRESETS, decoder_shapes
+    from remat._plan import _compile
+    from remat._plan._memo import forget
+
+    mesh = make_mesh((8,), ("data",))
+    sizes = dict(layers=4, d_model=64, heads=4, mlp_dim=256, seq=64, batch=8, vocab=128)
+
+    def placed(preset):
+        loss, (params, tokens) = decoder_shapes(preset, sizes)
+        rep, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+        params = jax.tree_util.tree_map(
+            lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=rep), params
+        )
+        return loss, (params, jax.ShapeDtypeStruct(tokens.shape, tokens.dtype, sharding=split))
+
+    presets = {}
+    for name in ("none", "minimal", "save_qkv_proj", "save_out_proj", "full"):
+        loss, args = placed(PRESETS[name])
+        m = remat.measure(loss, *args, repeats=0)
+        presets[name] = [m.peak_bytes, m.flops]
+    limit, real = presets["none"][0] * 7 // 10, _compile.compile_lowered
+
+    def compile_lowered(lowered, kind):
+        compiled = real(lowered, kind)
+        if kind == _compile.STEP and peak_bytes(compiled) > limit:
+            raise jax.errors.JaxRuntimeError(refusal_message(peak_bytes(compiled), limit))
+        return compiled
+
+    forget()
+    _compile.compile_lowered = compile_lowered
+    try:
+        loss, args = placed(None)
+        p = remat.plan(loss, *args, budget="60%", schedules=False, verbose=False)
+    finally:
+        _compile.compile_lowered = real
+        forget()
+    return {
+        "presets": presets,
+        "plan": [p.measured_peak_bytes, p.measured.flops, p.budget_bytes, p.baseline_peak_bytes],
+        "step_compiles": p.stats.step_compiles,
     }
 
 

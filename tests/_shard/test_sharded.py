@@ -90,6 +90,20 @@ def test_sharded_gpt_gradients_equal_the_unsharded_reference():
     assert out["devices"] == 8 and out["plain_devices"] == 1
 
 
+@pytest.mark.slow  # about 35 s of compiles: 5 presets measured, then the plan
+def test_plan_where_the_compiler_refuses_is_no_dearer_than_a_preset_that_fits():
+    """MaxText's decoder on 8 devices, every step over 70% of the un-checkpointed peak
+    refused (as the TPU compiler refuses a step over HBM): the planner calibrates on the step
+    that recomputes everything and the refusal's stated size, and its plan at 60% costs no
+    more FLOPs than the cheapest of MaxText's presets that fits the same budget."""
+    out = result(run_cases("plan_refused_decoder"), "plan_refused_decoder")
+    peak, flops, budget, baseline = out["plan"]
+    assert abs(baseline - out["presets"]["none"][0]) <= 6  # the size the refusal states (0.01 KiB)
+    assert peak <= budget
+    fitting = [f for p, f in out["presets"].values() if p <= budget]
+    assert fitting and flops <= min(fitting)
+
+
 def test_data_parallel_step_holds_an_eighth_of_the_activations_per_device(cases):
     """8 layers of tanh(h @ w), batch 256, width 32, float32, everything saved.
 
@@ -154,6 +168,16 @@ def test_per_device_plans_fit_an_output_dominated_stack(cases):
         assert r["compiled"] == r["measured"] <= r["budget"], r
 
 
+def test_fsdp_gradients_come_out_sharded_as_the_weights(cases):
+    """Left to XLA, the gradients of weights sharded 8 ways come out whole on each device (a
+    Llama-3-8B step on a v5e-16 then asks 5.4 GiB per chip for 2 layers' gradients); the
+    measured step keeps each gradient sharded as its weight: an eighth per device."""
+    out = result(cases, "fsdp_gradients_sharded")
+    loss = out["plain_output"] - out["weights"]  # the loss and its tuple's bytes
+    assert out["plain_specs"] == ["P()", "P()"]  # the loss and the gradients: whole
+    assert out["output"] == loss + out["weights"] // 8
+
+
 def test_plan_from_sharded_shapes_is_the_plan_of_the_placed_arrays(cases):
     out = result(cases, "plan_from_sharded_shapes")
     assert out["devices"] == 8
@@ -173,4 +197,7 @@ def test_plan_where_the_compiler_refuses_the_sharded_step(cases):
     assert flops == plain_flops
     assert out["budget"] == int(0.6 * peak)
     assert out["measured"] <= out["budget"]
+    # at the recomputing step's own peak, every other candidate refused: that step is the plan
+    only_peak, limit, only_flops, flops = out["only_full"]
+    assert only_peak == limit and only_flops > flops
     assert out["grads_equal"]

@@ -223,12 +223,53 @@ ANALYSIS_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 def lower_step(fn: Callable[..., Any], args: Sequence[Any], spec: Any) -> Any:
-    """``jax.jit(step).lower(...)`` for the step ``spec`` describes (see the module docstring)."""
+    """``jax.jit(step).lower(...)`` for the step ``spec`` describes (see the module docstring).
+
+    On sharded arguments each gradient comes out sharded as its argument is (`sharded_like`),
+    as a training loop keeps them; left to XLA, the gradients of FSDP-sharded parameters come
+    out whole on every device (a training step's updated parameters are sharded already: they
+    are donated into the arguments' buffers).
+    """
     step = as_step(spec)
     if step.optimizer is None:
-        return jax.jit(grad_step(fn, step)).lower(*args)
+        grad = grad_step(fn, step)
+        wrt = args[step.argnums] if isinstance(step.argnums, int) else (
+            tuple(args[i] for i in step.argnums))  # fmt: skip
+
+        def sharded_step(*call_args: Any) -> Any:
+            value, grads = grad(*call_args)
+            return value, sharded_like(grads, wrt)
+
+        return jax.jit(sharded_step).lower(*args)
     train = train_step(fn, step.optimizer, step.argnums, step.has_aux)
     return jax.jit(train, donate_argnums=(0, 1)).lower(*_train_args(args, step, False))
+
+
+def sharded_like(tree: Any, like: Any) -> Any:
+    """``tree`` with each leaf constrained to the sharding of its leaf in ``like`` where that
+    sharding spans several devices (a mesh's, a `remat.Target`'s); other leaves, ``float0``
+    gradients among them, as they are.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from remat._measure._step import sharded_like
+      >>> sharded_like({"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"].shape
+      (2,)
+    """
+
+    def keep(leaf: Any, model: Any) -> Any:
+        sharding = getattr(model, "sharding", None)
+        if (
+            not isinstance(sharding, jax.sharding.Sharding)
+            or len(sharding.device_set) < 2
+            or getattr(leaf, "dtype", None) == jax.dtypes.float0
+        ):
+            return leaf
+        return jax.lax.with_sharding_constraint(leaf, sharding)
+
+    if jax.tree_util.tree_structure(tree) != jax.tree_util.tree_structure(like):
+        return tree
+    return jax.tree_util.tree_map(keep, tree, like)
 
 
 def time_step(compiled: Any, args: Sequence[Any], spec: Any, repeats: int) -> Timing:

@@ -121,6 +121,9 @@ class Prepared:
     # program's contribution is read by phase (`_phases.contribution`); None where the phases
     # were not read (several scans, devices or no CPU dump, a baseline not as written).
     phases: Any = None
+    # ``(choice, measured)`` of the step that recomputes everything, compiled in the refused
+    # baseline's place: a compiled point like any plan's (`_memo.Knowledge`).
+    compiled: tuple[tuple[Any, Measurement], ...] = ()
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -246,7 +249,11 @@ def prepare(
         refusal=refusal,
         limit=memory_limit(refusal, compile_device(args)),
         phases=phases,
-    )
+        compiled=() if recomputing is None else (
+            (fixed_choice(cands, offsets, models, per_step, save=False),
+             dataclasses.replace(recomputing, strategy="plan")),
+        ),
+    )  # fmt: skip
 
 
 def _on_cpu(device: Any) -> bool:
@@ -392,8 +399,8 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
 
 
 def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, recomputing=None):
-    """The memory model fitted on compiled steps: every needed value saved, nothing saved,
-    and every unfused value saved (see `calibrate` and `calibrate3`).
+    """The memory model fitted on compiled steps: every needed value saved and nothing saved
+    (see `calibrate`).
 
     Where the compiler refused the un-checkpointed step (``refusal``), the step that saves
     everything is not compiled: its peak is the memory the refusal states, and the step that

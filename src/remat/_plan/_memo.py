@@ -56,6 +56,9 @@ class Knowledge:
         self.alone.update(self.prepared.alone)
         if self.margin is None:
             self.margin = self.prepared.margin
+        for choice, measured in self.prepared.compiled:  # steps compiled while calibrating
+            known = Known(choice, measured, peak_of(measured))
+            self.measured.setdefault(choice_key(choice), known)
 
 
 _MEMORY: collections.OrderedDict[Any, Knowledge] = collections.OrderedDict()

@@ -305,6 +305,8 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None) -> None:
         if beside is not None:
             alone, _ = beside()
         measured = refused(prep.baseline, refusal, prep.baseline.flops + choice.flops)
+        if refusal.asked_bytes is not None:  # the size it states corrects the model as a peak
+            know.margin = refusal.asked_bytes - alone
         know.measured[key] = Known(choice, measured, int(alone + margin), alone)
         return
     if beside is not None:
