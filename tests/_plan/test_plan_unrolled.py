@@ -64,6 +64,7 @@ def assert_plan(plan, loss, params, *args, written=None):
     assert_tree_allclose(jax.jit(jax.value_and_grad(plan.fn))(params, *args), want, scale=10.0)
 
 
+@pytest.mark.slow  # linen and nnx loops below, Equinox in test_eqx.py, run by default
 def test_plain_jax_transformer_at_50_and_35_percent():
     layers = [layer_params(k) for k in jax.random.split(jax.random.key(0), 8)]
     half, third = remat.plan_budgets(transformer, layers, X, budgets=[0.5, 0.35])

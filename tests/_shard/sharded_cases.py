@@ -35,7 +35,11 @@ from remat._models._gpt_sharded import make_mesh, make_sharded_gpt
 from remat._shard._sharding import program_shardings
 
 CASES = {}
-SLOW = ("gpt_sharded_grads_equal_unsharded", "plan_refused_decoder")  # run by slow tests only
+SLOW = (
+    "gpt_sharded_grads_equal_unsharded",
+    "plan_refused_decoder",
+    "per_layer_sharded",
+)  # run by slow tests only
 ROOT = Path(__file__).resolve().parents[2]
 GPT = dict(layers=2, d_model=16, seq=8, batch=8, heads=2, vocab=32)
 

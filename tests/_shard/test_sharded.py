@@ -47,8 +47,9 @@ def result(cases, name):
     return out
 
 
-def test_a_per_layer_choice_on_a_sharded_program(cases):
-    out = result(cases, "per_layer_sharded")
+@pytest.mark.slow  # per-layer plans are opt-in; their unsharded tests run by default
+def test_a_per_layer_choice_on_a_sharded_program():
+    out = result(run_cases("per_layer_sharded"), "per_layer_sharded")
     assert out["grads_equal_8"] and out["grads_equal_16"]
     assert out["extra_8"] == out["extra_16"]  # no copy of the stacked weights
 

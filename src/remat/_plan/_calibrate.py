@@ -199,7 +199,8 @@ def prepare(
         say("compiling the un-checkpointed step and each scan alone")
         device = compile_device(args)
         # One scan on the CPU: the step's phases are read from its dump (`_phases`).
-        reading = baseline is None and len(infos) == 1 and _on_cpu(device)
+        platform = jax.default_backend() if device is None else getattr(device, "platform", "")
+        reading = baseline is None and len(infos) == 1 and platform == "cpu"
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
             pending = baseline or pool.submit(first, read=loop_phases if reading else None)
             measured = pending if baseline else _First(pending)
@@ -254,27 +255,6 @@ def prepare(
              dataclasses.replace(recomputing, strategy="plan")),
         ),
     )  # fmt: skip
-
-
-def _on_cpu(device: Any) -> bool:
-    """Whether programs compile for this machine's CPU (where XLA's dumps are read)."""
-    platform = jax.default_backend() if device is None else getattr(device, "platform", "")
-    return platform == "cpu"
-
-
-def uniform_of(prep: Prepared) -> Prepared:
-    """``prep`` without its per-layer options (`remat._plan._perlayer`, appended after the
-    uniform ones, so the options kept keep their indices); ``prep`` itself when it has none."""
-    n = sum(1 for c in prep.cands if not c.pattern)
-    if n == len(prep.cands):
-        return prep
-    return dataclasses.replace(
-        prep,
-        cands=prep.cands[:n],
-        options=prep.options[:n],
-        offsets=prep.offsets[:n],
-        option_extra=tuple(extra[:n] for extra in prep.option_extra),
-    )
 
 
 class _First:

@@ -37,6 +37,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from .._trace._periodic import Period, periods
 from ._costmodel import ScanModel
@@ -199,3 +200,18 @@ def describe(pattern: Sequence[Sequence[str]], length: int, label=None) -> list[
         what = "{" + ", ".join(label(n) for n in names) + "}" if names else "nothing"
         lines.append(f"layers {','.join(map(str, sorted(layers)))} save {what}")
     return lines
+
+
+def uniform_of(prep: Any) -> Any:
+    """``prep`` (a `_calibrate.Prepared`) without its per-layer options (appended after the
+    uniform ones, so the options kept keep their indices); ``prep`` itself when it has none."""
+    n = sum(1 for c in prep.cands if not c.pattern)
+    if n == len(prep.cands):
+        return prep
+    return dataclasses.replace(
+        prep,
+        cands=prep.cands[:n],
+        options=prep.options[:n],
+        offsets=prep.offsets[:n],
+        option_extra=tuple(extra[:n] for extra in prep.option_extra),
+    )

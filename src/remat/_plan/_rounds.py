@@ -26,13 +26,14 @@ from .._core._budget import Budget
 from .._measure._refusal import refusal_of
 from ._alone import charged_options, check_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
-from ._calibrate import Prepared, uniform_of
+from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost
 from ._milp import Solution, solve
 from ._named import describe, try_named
 from ._named import wanted as named_wanted
 from ._options import Choice, decode
+from ._perlayer import uniform_of
 from ._result import InfeasibleBudget, Plan, PlanStats
 from ._search import (
     CHECKS,
