@@ -226,6 +226,7 @@ def test_zero_slack_at_a_known_plan():
     assert again.stats.step_compiles <= 1
 
 
+@pytest.mark.slow  # two MaxText presets compiled, then a first plan of the decoder
 def test_zero_slack_below_the_least_memory_the_model_knows():
     """MaxText's ``save_out_proj`` saves one value that cuts a decoder layer in two: its
     compiled peak is below that of recomputing everything, which is the least memory the
