@@ -36,6 +36,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -386,19 +387,32 @@ machine's two shared cores; the presets at 8B only, the trend at its ends):
   the un-checkpointed one); the mesh row (-4.9%, unchanged: calibrated on two compiled
   steps, a linear fit, where no phase is read) misses 3%.
 - Shapes alone: planner RSS 0.52-0.79 GiB (target under 2 GiB at 70B, 0.65 GiB: met).
-- First plan against one compile of the step: 3.2× (1B), 4.1× (8B), 6.4× (70B), 2.9× at 8
-  layers, 3.7× at 80 layers and 10.2× at d_model 2048 (target 3×: missed; this run's load
-  average was 16-30 on 2 cores, and one compile of the step took 7 to 34 s). Each first plan
-  compiles the step twice (the un-checkpointed baseline and the plan) and 5 scans alone (4
-  to calibrate, 1 to check), 11 where nothing fitted the linear model at first (70B,
-  d_model 2048: values saved one at a time are checked alone, 8 scan compiles more). Re-plans:
-  0.7-1.4× (target 1.3×: 8B's 70% re-plan, 1.4×, missed), one step compile each.
+- First plan against one compile of the step (the machine otherwise idle; one compile of
+  the step takes about 3 s at every size): 3.7× (1B), 4.4× (8B), 7.4× (70B), 4.0× at 8
+  layers, 3.9× at 80 layers and 7.4× at d_model 2048 (target 3×: missed at every size; the
+  run before, at a load average of 16-30, gave 2.9-10.2×). Each first plan compiles
+  the step twice (the un-checkpointed baseline and the plan) and 5 scans alone (4 to
+  calibrate, 1 to check), 11 where nothing fitted the linear model at first (70B, d_model
+  2048: values saved one at a time are checked alone, 8 scan compiles more). Re-plans:
+  1.0-1.3× (target under 1.3×: 8B's and 70B's 1.3× and 1.2× at the edge), one step compile
+  each.
 - At the MaxText presets' own peaks at 8B: both fit; `full` at 1.000× its FLOPs, `minimal`
   at 1.005× (target: at most 1.000×, missed; 1.030× before).
 - 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32 weights,
   their gradients and Adam's two moments alone take 16 bytes per parameter.
 - The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (4 step compiles, no
   scan-alone compile)."""
+
+
+def _load_sentence(machine: str) -> str:
+    """How to read the timings: a 1-minute load average above the cores means other jobs ran."""
+    match = re.search(r"load average ([0-9.]+)", machine)
+    if match is None or float(match.group(1)) <= (os.cpu_count() or 1):
+        return "Nothing else ran on the machine. "
+    return (
+        "**Timings were measured under that load** (other jobs shared the cores): read them as "
+        "upper bounds, side by side within a row. "
+    )
 
 
 def markdown(result: dict, seconds: float) -> str:
@@ -410,9 +424,8 @@ def markdown(result: dict, seconds: float) -> str:
     return "\n\n".join(
         [
             MARKERS[0] + "\n## Planning real sizes from shapes (`benchmarks/scale_bench.py`)",
-            f"Run {result.get('date', datetime.date.today())} on {machine}; {seconds:.0f} s in all. **Timings "
-            "were measured under that load** (other jobs shared the 2 cores): read them as upper "
-            f"bounds, side by side within a row. Reproduce with `{cmd}`.",
+            f"Run {result.get('date', datetime.date.today())} on {machine}; {seconds:.0f} s in all. "
+            f"{_load_sentence(machine)}Reproduce with `{cmd}`.",
             f"The decoder of `remat._models._maxtext` at public Llama shapes (GQA, RoPE, SwiGLU, "
             f"RMSNorm, MaxText's `checkpoint_name`s, layers in one `nn.scan`), vocab {VOCAB}, batch "
             f"1, sequence {seq}, bf16 compute on float32 master weights, the training step with "
