@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat._measure._memory import read_memory
+from remat._measure._memory import live_bytes, read_memory
 from remat._measure._peak import compiled_memory
-from remat._measure._phases import live_bytes, loop_phases
+from remat._measure._phases import loop_phases
 from remat._measure._xla_dump import compile_with_dump
 
 

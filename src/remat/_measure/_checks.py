@@ -117,25 +117,21 @@ def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool)
             got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
             raise ValueError(_NOT_PAIR.format(got=got))
         out = out[0]
-    leaves = jax.tree_util.tree_leaves(out)
-    if (
-        len(leaves) != 1
-        or not isinstance(out, jax.ShapeDtypeStruct)
-        or out.shape != ()
-        or not jax.dtypes.issubdtype(out.dtype, np.floating)  # bfloat16, float16 included
-    ):
+    if not _is_float_scalar(out):
         got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
         hint = _AUX_HINT if not has_aux and _looks_like_aux(out) else ""
         raise ValueError(_NOT_SCALAR.format(got=got) + hint)
 
 
+def _is_float_scalar(out: Any) -> bool:
+    """True for one floating-point scalar (bfloat16 and float16 included), as `jax.grad` takes."""
+    return (
+        isinstance(out, jax.ShapeDtypeStruct)
+        and out.shape == ()
+        and jax.dtypes.issubdtype(out.dtype, np.floating)
+    )
+
+
 def _looks_like_aux(out: Any) -> bool:
     """True for a pair whose first element is a floating-point scalar: ``(loss, aux)``."""
-    if not isinstance(out, tuple | list) or len(out) != 2:
-        return False
-    first = out[0]
-    return (
-        isinstance(first, jax.ShapeDtypeStruct)
-        and first.shape == ()
-        and jax.dtypes.issubdtype(first.dtype, np.floating)
-    )
+    return isinstance(out, tuple | list) and len(out) == 2 and _is_float_scalar(out[0])

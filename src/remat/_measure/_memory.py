@@ -32,7 +32,8 @@ import collections
 import dataclasses
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -400,6 +401,27 @@ def _classify(dump, buffer, boundary, inputs, outputs, residuals) -> LiveValue:
     return LiveValue(kind=TEMPORARY, label=label, scan=scan, **common)
 
 
+def _positions(dump: Dump, spans: Sequence[Any]) -> int:
+    """Schedule positions to count: the instruction sequence, or further where a live range
+    (``.end``, inclusive) reaches past it."""
+    return max([len(dump.sequence)] + [s.end + 1 for s in spans])
+
+
+def _live_series(spans: Iterable[tuple[int, int, int]], n: int) -> np.ndarray:
+    """Bytes live at each of ``n`` positions, from ``(start, end, bytes)`` live ranges (inclusive)."""
+    diff = np.zeros(n + 1, dtype=np.int64)
+    for start, end, size in spans:
+        diff[start] += size
+        diff[end + 1] -= size
+    return np.cumsum(diff)[:n]
+
+
+def live_bytes(dump: Dump) -> np.ndarray:
+    """Bytes live at each position of the schedule: the buffers `read_memory` counts, summed."""
+    buffers = _buffers(dump)
+    return _live_series(((b.start, b.end, b.size) for b in buffers), _positions(dump, buffers))
+
+
 def read_memory(
     dump: Dump,
     peak_bytes: int,
@@ -425,12 +447,11 @@ def read_memory(
     boundary = backward_start(dump)
     buffers = _buffers(dump)
     values = [_classify(dump, b, boundary, inputs or {}, outputs or {}, residuals) for b in buffers]
-    n = max([len(dump.sequence)] + [v.end + 1 for v in values])
-    series = {kind: np.zeros(n + 1, dtype=np.int64) for kind in KINDS}
-    for value in values:
-        series[value.kind][value.start] += value.bytes
-        series[value.kind][value.end + 1] -= value.bytes
-    by_kind = {kind: np.cumsum(diff)[:n] for kind, diff in series.items()}
+    n = _positions(dump, values)
+    by_kind = {
+        kind: _live_series(((v.start, v.end, v.bytes) for v in values if v.kind == kind), n)
+        for kind in KINDS
+    }
     live = sum(by_kind.values())
     peak_index = int(np.argmax(live))
     at_peak = sorted(

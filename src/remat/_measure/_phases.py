@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
-from ._memory import _buffers
+from ._memory import live_bytes
 from ._xla_dump import Dump
 
 
@@ -56,17 +54,6 @@ class LoopPhases:
         """The most bytes live in any phase: on CPU, the compiled peak less the temporaries
         buffer's unused bytes."""
         return max(self.forward, self.between, self.entry, self.backward, self.after)
-
-
-def live_bytes(dump: Dump) -> np.ndarray:
-    """Bytes live at each position of the schedule (the buffers `read_memory` counts)."""
-    buffers = _buffers(dump)
-    n = max([len(dump.sequence)] + [b.end + 1 for b in buffers])
-    diff = np.zeros(n + 1, dtype=np.int64)
-    for b in buffers:
-        diff[b.start] += b.size
-        diff[b.end + 1] -= b.size
-    return np.cumsum(diff)[:n]
 
 
 def loop_phases(dump: Dump) -> LoopPhases | None:
