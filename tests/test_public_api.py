@@ -100,6 +100,21 @@ def test_plan_files_of_format_1_still_load(name, schedule):
     assert bool(jnp.allclose(got, want, rtol=1e-5, atol=1e-6))
 
 
+def test_a_plan_given_as_a_strategy_says_what_to_pass_instead():
+    """`strategy=plan` names the two forms that measure the planned program; nothing compiles."""
+    p = remat.load_plan(DATA / "plan_v1_nested.json", loss, *ARGS)
+    for call in (
+        lambda: remat.measure(loss, *ARGS, strategy=p, repeats=0),
+        lambda: remat.compare(loss, *ARGS, strategies=["full", p], repeats=0),
+    ):
+        with pytest.raises(ValueError, match=r"got a `remat\.Plan` as its strategy") as err:
+            call()
+        assert "`plan.fn`" in str(err.value) and "remat.apply(fn, plan)" in str(err.value)
+        assert "ScanPlan(" not in str(err.value)  # not the plan's whole repr
+    with pytest.raises(ValueError, match=r"got strategy 'xxxx.*\.\.\. \(str\), which is not"):
+        remat.measure(loss, *ARGS, strategy="x" * 500, repeats=0)
+
+
 def test_public_exceptions_and_warnings_print_their_public_names():
     import traceback
 

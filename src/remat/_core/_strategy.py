@@ -28,9 +28,15 @@ _NAMED_POLICIES: dict[str, Callable[..., Any] | None] = {
 STRATEGY_NAMES = (*_NAMED_POLICIES, "names:<a,b,...>", "offload:<a,b,...>")
 
 _UNKNOWN_STRATEGY = (
-    "`{where}` got strategy {got!r}, which is not a known strategy. Valid strings are "
+    "`{where}` got strategy {got}, which is not a known strategy. Valid strings are "
     "{names}; or pass a `jax.checkpoint_policies` policy, a policy callable, or "
     "`remat.Strategy(policy=...)`."
+)
+_PLAN_AS_STRATEGY = (
+    "`{where}` got a `remat.Plan` as its strategy; a plan is not one `jax.checkpoint` policy "
+    "(it may differ per scan and per layer). Pass the planned program instead: `plan.fn` (the "
+    "function the plan was made for, rewritten), or `remat.apply(fn, plan)` for your own copy "
+    "of that function, with no strategy."
 )
 _EMPTY_NAMES = (
     "`{where}` got strategy {got!r} with no names; write them after the colon, "
@@ -61,7 +67,11 @@ def check_policy(policy: object, where: str) -> object:
         if policy.startswith(("names:", "offload:")):
             _split_names(policy, where)
             return policy
-    raise ValueError(_UNKNOWN_STRATEGY.format(where=where, got=policy, names=STRATEGY_NAMES))
+    if type(policy).__name__ == "Plan" and hasattr(policy, "scans"):
+        raise ValueError(_PLAN_AS_STRATEGY.format(where=where))
+    got = repr(policy)
+    got = got if len(got) <= 200 else f"{got[:200]}... ({type(policy).__name__})"
+    raise ValueError(_UNKNOWN_STRATEGY.format(where=where, got=got, names=STRATEGY_NAMES))
 
 
 @dataclasses.dataclass(frozen=True)
