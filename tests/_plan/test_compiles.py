@@ -101,6 +101,40 @@ def test_compiler_options_change_neither_memory_nor_flops():
         assert hlo_flops(fast.as_text()) == hlo_flops(default.as_text())
 
 
+def test_scan_options_change_neither_memory_phases_nor_flops_of_a_scan_alone():
+    """A scan alone compiled with `_compile.SCAN_CPU_OPTIONS` (fusion emitters off) has the
+    memory, loop phases and FLOPs it has with `COMPILER_OPTIONS`, at three save sets and as
+    written: the calibration reads them."""
+    from remat._measure._phases import loop_phases
+    from remat._measure._xla_dump import compile_with_dump
+    from remat._plan._body import lower_scan
+    from remat._plan._costmodel import model_scans
+    from remat._plan._options import assemble, candidates, fixed_choice
+    from remat._trace._tag import planned_scans
+
+    loss, args = make_gpt(layers=2, d_model=32, seq=16, batch=2, heads=2)
+    (info,) = infos = planned_scans(loss, *args)
+    models = model_scans(infos)
+    cands = candidates(models, False)
+    _, _, offsets = assemble(cands)
+    choices = [
+        fixed_choice(cands, offsets, models, [0], save=s).choices[info.position]
+        for s in (True, False, "unfused")
+    ]
+    assert _compile.scan_options() is _compile.SCAN_CPU_OPTIONS
+    for choice in [*choices, None]:
+        lowered = lower_scan(info, choice, models[0].length)
+        read = [compile_with_dump(lowered, o) for o in (_compile.SCAN_CPU_OPTIONS,
+                                                        _compile.COMPILER_OPTIONS)]  # fmt: skip
+        (fast, fast_dump), (slow, slow_dump) = read
+        assert (
+            fast.memory_analysis().temp_size_in_bytes == slow.memory_analysis().temp_size_in_bytes
+        )
+        assert peak_bytes(fast) == peak_bytes(slow)
+        assert loop_phases(fast_dump) == loop_phases(slow_dump) is not None
+        assert hlo_flops(fast.as_text()) == hlo_flops(slow.as_text()) > 0
+
+
 # Programs the planner was not tuned on: transformers of other widths and batches, an MLP
 # stack and a recurrence.
 UNSEEN = {
