@@ -102,9 +102,9 @@ def test_compiler_options_change_neither_memory_nor_flops():
 
 
 def test_scan_options_change_neither_memory_phases_nor_flops_of_a_scan_alone():
-    """A scan alone compiled with `_compile.SCAN_CPU_OPTIONS` (fusion emitters off) has the
-    memory, loop phases and FLOPs it has with `COMPILER_OPTIONS`, at three save sets and as
-    written: the calibration reads them."""
+    """A scan alone compiled with `_compile.SCAN_CPU_OPTIONS` (fusion emitters off, one LLVM
+    module) has the memory, loop phases and FLOPs it has with `COMPILER_OPTIONS`, at three
+    save sets and as written: the calibration reads them."""
     from remat._measure._phases import loop_phases
     from remat._measure._xla_dump import compile_with_dump
     from remat._plan._body import lower_scan

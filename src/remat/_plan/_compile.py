@@ -34,13 +34,19 @@ COMPILER_OPTIONS = ANALYSIS_OPTIONS
 STEP = "step"
 SCAN = "scan"
 
-# A scan-alone program for the CPU is compiled with XLA's older fusion emitters: its memory
-# analysis, buffer assignment (so its loop phases) and optimised HLO are the same, in about a
-# third of the compile time (a Llama-3-8B-shaped layer: 0.7 s of CPU instead of 2.0-2.2 s, at
-# four save sets, `benchmarks/scale_bench.py`'s shapes; tests/_plan/test_compiles.py checks
-# the small stacks). Not for the step: its memory analysis can differ by a few bytes (192 of
-# the 256 GiB of temporaries of that step), and a plan is measured as the user compiles it.
-SCAN_CPU_OPTIONS = {**COMPILER_OPTIONS, "xla_cpu_use_fusion_emitters": False}
+# A scan-alone program for the CPU is compiled with XLA's older fusion emitters and its LLVM
+# module in one piece: its memory analysis, buffer assignment (so its loop phases) and
+# optimised HLO are the same, in about a fifth of the compile time (a Llama-3-8B-shaped layer,
+# `benchmarks/scale_bench.py`'s shapes, four save sets: 0.35-0.45 s of CPU instead of 1.8-2.2
+# s; tests/_plan/test_compiles.py checks the small stacks). Not for the step: its memory
+# analysis can differ by a few bytes without the fusion emitters (192 of that step's 256 GiB
+# of temporaries), and a plan is measured as the user compiles it; one LLVM module gains it
+# nothing.
+SCAN_CPU_OPTIONS = {
+    **COMPILER_OPTIONS,
+    "xla_cpu_use_fusion_emitters": False,
+    "xla_cpu_parallel_codegen_split_count": 1,
+}
 
 # Compiles run at once by `compile_each` (XLA compiles outside the GIL; one core each).
 WORKERS = max(1, min(4, os.cpu_count() or 1))
