@@ -135,6 +135,37 @@ def test_scan_options_change_neither_memory_phases_nor_flops_of_a_scan_alone():
         assert hlo_flops(fast.as_text()) == hlo_flops(slow.as_text()) > 0
 
 
+def test_named_strategies_are_compiled_alone_beside_the_first_plans_step(monkeypatch):
+    """Near the budget the named strategies compete (`_named.try_named`); the one that is
+    no calibration point (``dots``) is compiled alone while the plan's step compiles
+    (`_rounds._look_ahead`), so checking them compiles nothing more."""
+    from remat._plan import _named, _rounds
+    from remat._plan._options import alone_key
+
+    _memo.forget()
+    loss, args = shared_mlp_stack()
+    compiled_during = []
+    real = _rounds.try_named
+
+    def try_named(*a, **k):
+        before = _compile.tally()[0].get(_compile.SCAN, 0)
+        real(*a, **k)
+        compiled_during.append(_compile.tally()[0].get(_compile.SCAN, 0) - before)
+
+    monkeypatch.setattr(_rounds, "try_named", try_named)
+    remat.plan(loss, *args, budget="35%", verbose=False)
+    assert compiled_during == [0]
+    know = next(reversed(_memo._MEMORY.values()))
+    prep = know.prepared
+    keys = {}
+    for names, solution, choice in _named.named_choices(prep):
+        (o,) = solution.options
+        keys[names] = alone_key(o, choice.choices[prep.infos[prep.cands[o].scan].position])
+    assert keys[("dots",)] not in dict(prep.alone)  # not compiled to calibrate
+    assert set(keys.values()) <= set(know.alone)
+    _memo.forget()
+
+
 # Programs the planner was not tuned on: transformers of other widths and batches, an MLP
 # stack and a recurrence.
 UNSEEN = {
