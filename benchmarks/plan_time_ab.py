@@ -1,6 +1,8 @@
-"""The first plan's time of two versions of remat, side by side: ``scale_bench.py``'s
-decoder at one of its shapes, planned at 50% from shapes alone, in fresh processes that
-alternate between the two source trees (so both see the same load on a shared machine).
+"""The first plan's time of two versions of remat, side by side.
+
+``scale_bench.py``'s decoder at one of its shapes, planned at 50% from shapes alone, in fresh
+processes that alternate between the two source trees (so both see the same load on a
+shared machine).
 
 Each run prints one compile of the step (XLA's default options), the first plan's wall time
 and its ratio to that compile, its step and scan-alone compiles, FLOPs and compiled peak.
