@@ -13,6 +13,13 @@ Usage:
 
 ``OLD/src`` is another checkout's ``src`` folder (e.g. ``git worktree add /tmp/old
 <commit>``). Nothing is written to BENCHMARKS.md: the numbers are quoted where they are read.
+
+``--scan-options`` instead compiles the planner's four calibration programs of the model's
+scan alone (every needed value saved, none, every unfused value, as written) with the step's
+options and with a scan's (`remat._plan._compile.scan_options`), alternating, and prints the
+CPU seconds of each compile and whether their memory analyses agree:
+
+  PYTHONPATH=src python benchmarks/plan_time_ab.py --scan-options [--model Llama-3-8B]
 """
 
 from __future__ import annotations
@@ -46,10 +53,44 @@ def child(model: str) -> None:
     )))  # fmt: skip
 
 
+def scan_options(model: str) -> None:
+    from remat._measure._peak import compiled_memory
+    from remat._models._maxtext import decoder_shapes
+    from remat._plan._body import lower_scan
+    from remat._plan._compile import COMPILER_OPTIONS, scan_options
+    from remat._plan._costmodel import model_scans
+    from remat._plan._options import assemble, candidates, fixed_choice
+    from remat._trace._tag import planned_scans
+    from scale_bench import sizes_of
+
+    loss, args = decoder_shapes(None, sizes_of(MODELS[model], 4096))
+    (info,) = infos = planned_scans(loss, *args)
+    models = model_scans(infos)
+    cands = candidates(models, False)
+    _, _, offsets = assemble(cands)
+    points = {
+        str(save): fixed_choice(cands, offsets, models, [0], save=save).choices[info.position]
+        for save in (True, False, "unfused")
+    }
+    points["as written"] = None
+    for k, (label, choice) in enumerate(points.items()):
+        lowered = lower_scan(info, choice, models[0].length)
+        runs = [("step's", COMPILER_OPTIONS), ("scan's", scan_options())]
+        memories = {}
+        for name, options in runs if k % 2 == 0 else runs[::-1]:
+            cpu = time.process_time()
+            memories[name] = compiled_memory(lowered.compile(options))
+            print(f"{model} scan alone, {label:10s} {name} options: "
+                  f"{time.process_time() - cpu:5.2f} s of CPU", flush=True)  # fmt: skip
+        step, scan = memories.values()
+        print(f"  same memory analysis: {step == scan}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="the other version's src folder")
-    parser.add_argument("--after", required=True, help="this version's src folder")
+    parser.add_argument("--before", help="the other version's src folder")
+    parser.add_argument("--after", help="this version's src folder")
+    parser.add_argument("--scan-options", action="store_true")
     parser.add_argument("--model", default="Llama-3-70B", choices=sorted(MODELS))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -57,6 +98,11 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
+    if args.scan_options:
+        scan_options(args.model)
+        return
+    if not args.before or not args.after:
+        parser.error("give --before and --after (two src folders), or --scan-options")
     here = os.path.dirname(os.path.abspath(__file__))
     for _ in range(args.repeats):
         for label, src in (("before", args.before), ("after", args.after)):

@@ -385,8 +385,8 @@ first plans 3.7-7.4x one compile, re-plans 1.0-1.3x).
   one compile) against 29.5 and 20.7 s (2.5x and 2.6x); Llama-3-8B 39.7 s (5.4x) against
   22.1 s (2.0x), the same plan. What changed: scan-alone programs compile with
   XLA's fusion emitters off and one LLVM module (`_compile.SCAN_CPU_OPTIONS`: the same
-  memory, phases and HLO; at 8B shapes 0.35-0.45 s of CPU each against 1.8-2.2 s, while the
-  step takes 2.5-2.8 s at LLVM -O0 and 4.1 s with the defaults); a candidate checked alone
+  memory, phases and HLO; at 8B shapes 0.36-0.46 s of CPU each against 1.85-2.51 s,
+  `benchmarks/plan_time_ab.py --scan-options`); a candidate checked alone
   and found over the budget rules out its FLOPs tier (d_model 2048: 11 scan compiles -> 7;
   the solver had offered three save sets differing only in values that cost no FLOPs, all
   one compiled peak) and steps the cheaper-plan search's model back by its excess; the
@@ -407,13 +407,18 @@ first plans 3.7-7.4x one compile, re-plans 1.0-1.3x).
   read) misses 3%.
 - Shapes alone: planner RSS 0.53-0.66 GiB (target under 2 GiB at 70B, 0.56 GiB: met).
 - At the MaxText presets' own peaks at 8B: both fit; `full` at 1.000x its FLOPs, `minimal`
-  at 1.005x (target at most 1.000x: missed). Why: the planner's rewrite of `minimal`'s own
-  save set (the projections after RoPE, `out_proj`, `mlpwi_0`, `mlpwi_1`, `mlpwo`; also with
-  the query and key saved before RoPE, in bf16) compiles to 148.662 GiB at 1.000x its FLOPs,
-  53,952,448 bytes (0.03%) over the preset's 148.612 GiB. The two programs' live bytes peak
-  at the same 158,816,411,676 bytes in the backward loop (XLA's dump, `loop_phases`); the
-  preset's temporaries buffer is packed tighter (its forward loop keeps 2.1 GB more live, so
-  XLA places the buffers differently). The plan at the next FLOPs tier fits (148.16 GiB).
+  at 1.005x (target at most 1.000x: missed). Why (`benchmarks/preset_gap.py`): the
+  planner's rewrite of `minimal`'s own save set (the values named `query_proj`, `key_proj`,
+  `value_proj`, `out_proj`, `mlpwi_0`, `mlpwi_1`, `mlpwo`) compiles to 159,624,815,548
+  bytes at the preset's FLOPs, 53,952,448 bytes (0.03%) over the preset's 159,570,863,100.
+  The two programs' live bytes peak at the same 158,816,411,676 bytes in the backward loop
+  (XLA's dump by loop phase); the preset's temporaries buffer is packed tighter (its forward
+  loop keeps 2.1 GB more live, and XLA places the buffers differently). So the save set
+  with the preset's FLOPs is over its peak as the planner writes it, and the plan at the next
+  FLOPs tier fits (148.16 GiB). Saving the same names with the policy on the scan body not
+  tagged gives the same 159,624,815,548 bytes: the difference is where the checkpoint sits
+  (around the whole scan body, rebuilt by the planner, against `nn.remat` around the layer
+  inside `nn.scan`), not the planner's names.
 - 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32 weights,
   their gradients and Adam's two moments alone take 16 bytes per parameter.
 - The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (4 step compiles, no

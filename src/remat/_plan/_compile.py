@@ -36,12 +36,12 @@ SCAN = "scan"
 
 # A scan-alone program for the CPU is compiled with XLA's older fusion emitters and its LLVM
 # module in one piece: its memory analysis, buffer assignment (so its loop phases) and
-# optimised HLO are the same, in about a fifth of the compile time (a Llama-3-8B-shaped layer,
-# `benchmarks/scale_bench.py`'s shapes, four save sets: 0.35-0.45 s of CPU instead of 1.8-2.2
-# s; tests/_plan/test_compiles.py checks the small stacks). Not for the step: its memory
-# analysis can differ by a few bytes without the fusion emitters (192 of that step's 256 GiB
-# of temporaries), and a plan is measured as the user compiles it; one LLVM module gains it
-# nothing.
+# optimised HLO are the same, in about a fifth of the compile time (the four calibration
+# programs of a Llama-3-8B-shaped layer: 0.36-0.46 s of CPU each instead of 1.85-2.51 s,
+# `benchmarks/plan_time_ab.py --scan-options`; tests/_plan/test_compiles.py checks the small
+# stacks). Not for the step: without the fusion emitters its memory analysis can differ by a
+# few bytes (192 of the 256 GiB of temporaries of that Llama-3-8B step), and a plan is
+# measured as the user compiles it; one LLVM module gains the step nothing.
 SCAN_CPU_OPTIONS = {
     **COMPILER_OPTIONS,
     "xla_cpu_use_fusion_emitters": False,
