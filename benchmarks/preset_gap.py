@@ -3,8 +3,9 @@
 ``scale_bench.py``'s decoder at one of its shapes: the preset (``nn.remat(layer,
 policy=save_only_these_names(...))`` in the scan) and the un-checkpointed decoder rewritten by
 the planner (`remat._trace._tag.rewrite`) to save the values that carry the preset's
-`checkpoint_name` s, and the same with the preset's own policy around the scan body left
-untagged, each compiled as the planner compiles a step, with XLA's dump read by
+`checkpoint_name` s, and the preset's own policy around the scan body left untagged, with
+the jitted functions in it inlined as the planner inlines them (`remat._trace._tag.flatten`)
+and kept as calls, each compiled as the planner compiles a step, with XLA's dump read by
 loop phase (`remat._measure._phases.loop_phases`). Prints the peak, temporaries, the live
 bytes of each phase and the matmul FLOPs of both: where the planner's plan at the preset's
 own peak recomputes more than the preset, this shows whether the same save set fits.
@@ -60,10 +61,20 @@ def main() -> None:
 
         return jax.checkpoint(body, policy=policy, prevent_cse=False)
 
+    def calls(info, _):  # the same with the body's jitted functions kept as calls
+        nk = info.num_carry
+
+        def body(consts, carry, xs):
+            outs = jax.core.eval_jaxpr(info.jaxpr.jaxpr, info.jaxpr.consts, *consts, *carry, *xs)
+            return list(outs[:nk]), list(outs[nk:])
+
+        return jax.checkpoint(body, policy=policy, prevent_cse=False)
+
     programs = {
         "preset": decoder_shapes(PRESETS[args.preset], sizes),
         "planner": (rewrite(loss, choice.choices), shapes),
         "untagged": (rewrite_scans(loss, untagged, lax_loop), shapes),
+        "calls": (rewrite_scans(loss, calls, lax_loop), shapes),
     }
     for label, (fn, fn_args) in programs.items():
         compiled, dump = compile_with_dump(lower_step(fn, fn_args, spec), ANALYSIS_OPTIONS)

@@ -415,10 +415,12 @@ first plans 3.7-7.4x one compile, re-plans 1.0-1.3x).
   (XLA's dump by loop phase); the preset's temporaries buffer is packed tighter (its forward
   loop keeps 2.1 GB more live, and XLA places the buffers differently). So the save set
   with the preset's FLOPs is over its peak as the planner writes it, and the plan at the next
-  FLOPs tier fits (148.16 GiB). Saving the same names with the policy on the scan body not
-  tagged gives the same 159,624,815,548 bytes: the difference is where the checkpoint sits
-  (around the whole scan body, rebuilt by the planner, against `nn.remat` around the layer
-  inside `nn.scan`), not the planner's names.
+  FLOPs tier fits (148.16 GiB). The cause is the planner's inlining of the jitted functions
+  in the scan body (`jnp.tril`, `jnp.where`, `nn.silu`; `_trace._tag.flatten`, so that
+  every value in them can be named): the preset's policy on the body with them inlined gives
+  the planner's 159,624,815,548 bytes, and with them kept as calls exactly the preset's
+  159,570,863,100 (and its phases). Next: a rewrite that keeps a jitted call whole where
+  none of its values is saved.
 - 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32 weights,
   their gradients and Adam's two moments alone take 16 bytes per parameter.
 - The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (4 step compiles, no
