@@ -135,6 +135,17 @@ def test_scan_options_change_neither_memory_phases_nor_flops_of_a_scan_alone():
         assert hlo_flops(fast.as_text()) == hlo_flops(slow.as_text()) > 0
 
 
+def test_a_scan_option_this_jaxlib_lacks_falls_back_to_the_steps_options():
+    lowered = jax.jit(lambda x: jnp.sin(x) @ x).lower(jnp.ones((8, 8)))
+    unknown = {**_compile.SCAN_CPU_OPTIONS, "xla_cpu_not_an_option": True}
+    before = _compile.tally()[0].get(_compile.SCAN, 0)
+    compiled = _compile.compile_lowered(lowered, _compile.SCAN, options=unknown)
+    assert peak_bytes(compiled) == peak_bytes(lowered.compile(_compile.COMPILER_OPTIONS))
+    assert _compile.tally()[0].get(_compile.SCAN, 0) == before + 1
+    with pytest.raises(jax.errors.JaxRuntimeError, match="No such compile option"):
+        lowered.compile(unknown)  # the option is refused as such
+
+
 def test_named_strategies_are_compiled_alone_beside_the_first_plans_step(monkeypatch):
     """Near the budget the named strategies compete (`_named.try_named`); the one that is
     no calibration point (``dots``) is compiled alone while the plan's step compiles

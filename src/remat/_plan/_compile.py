@@ -104,17 +104,28 @@ def compile_lowered(
     `remat._measure._xla_dump.Dump`)."""
     options = COMPILER_OPTIONS if options is None else options
     start = time.perf_counter()
-    if read is None:
-        compiled = lowered.compile(options)
-    else:
-        from .._measure._xla_dump import compile_with_dump
-
-        compiled, dump = compile_with_dump(lowered, options)
+    try:
+        compiled, dump = _compile(lowered, options, read is not None)
+    except jax.errors.JaxRuntimeError as err:
+        # A jaxlib without one of `SCAN_CPU_OPTIONS`: the step's options give the same
+        # memory and HLO, more slowly.
+        if options is COMPILER_OPTIONS or "No such compile option" not in str(err):
+            raise
+        compiled, dump = _compile(lowered, COMPILER_OPTIONS, read is not None)
     seconds = time.perf_counter() - start
     with _LOCK:
         _TALLY.counts[kind] = _TALLY.counts.get(kind, 0) + 1
         _TALLY.seconds[kind] = _TALLY.seconds.get(kind, 0.0) + seconds
     return compiled if read is None else (compiled, read(dump))
+
+
+def _compile(lowered: Any, options: dict[str, Any], dump: bool) -> tuple[Any, Any]:
+    """``(compiled, XLA's dump or None)``."""
+    if not dump:
+        return lowered.compile(options), None
+    from .._measure._xla_dump import compile_with_dump
+
+    return compile_with_dump(lowered, options)
 
 
 def compile_each(
