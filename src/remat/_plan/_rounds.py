@@ -3,7 +3,10 @@
 A round solves the integer program, checks the candidate on each of its scans compiled alone
 (cheap: `_alone.check_alone`), and, once that predicts a fit, looks for cheaper candidates
 the linear model put a little over the budget (`_search.cheaper_candidate`, also checked
-alone); the cheapest predicted to fit is compiled whole and measured. When nothing fits the
+alone); the cheapest predicted to fit is compiled whole and measured, and while it compiles,
+what the rounds will likely check next is compiled alone (`_look_ahead`). A candidate
+checked alone and predicted over the budget rules out the candidates that recompute as
+little (`_search.above_floor`). When nothing fits the
 model, values saved one at a time are tried first (`_search.smaller_candidate`). The first
 verified plan of a program also measures what the scan-alone programs do not see (the memory
 outside the scans); a second round runs only when the plan was over the budget, or, for the
