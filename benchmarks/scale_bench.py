@@ -372,32 +372,55 @@ def mesh_rows(result: dict) -> list[list[str]]:
 # What the run written to BENCHMARKS.md shows (written from its figures; a new run that
 # changes them needs these lines read again).
 NOTES = """Read from the run above (`--quick`: the full run does not fit in a session on this
-machine's two shared cores; the presets at 8B only, the trend at its ends):
+machine's two shared cores; the presets at 8B only, the trend at its ends). It ran at a load
+average of 15-18 on 2 cores (other sessions' jobs): every time, the one compile included, is
+inflated, and the ratios are not those of an idle machine (the run before this one, alone:
+first plans 3.7-7.4x one compile, re-plans 1.0-1.3x).
 
+- Time: first plan against one compile of the step, in this run: 1.9x (1B), 1.8x (8B),
+  2.5x (70B), 1.8x at 8 and at 80 layers, 2.3x at d_model 2048; re-plans 0.7-0.8x (targets
+  3x and 1.3x: met under this load, not re-measured alone). Side by side, the first plan at
+  50% before these changes (commit 66c601f) and after, in fresh processes alternating at a
+  load of 12-17 (`benchmarks/plan_time_ab.py`): Llama-3-70B 69.0 and 69.4 s (6.0x and 6.1x
+  one compile) against 29.5 and 20.7 s (2.5x and 2.6x); Llama-3-8B 39.7 s (5.4x) against
+  22.1 s (2.0x), the same plan. What changed: scan-alone programs compile with
+  XLA's fusion emitters off and one LLVM module (`_compile.SCAN_CPU_OPTIONS`: the same
+  memory, phases and HLO; at 8B shapes 0.36-0.46 s of CPU each against 1.85-2.51 s,
+  `benchmarks/plan_time_ab.py --scan-options`); a candidate checked alone
+  and found over the budget rules out its FLOPs tier (d_model 2048: 11 scan compiles -> 7;
+  the solver had offered three save sets differing only in values that cost no FLOPs, all
+  one compiled peak) and steps the cheaper-plan search's model back by its excess; the
+  named strategies are compiled alone beside the plan's step. A first plan is 2 step
+  compiles and 5 scan-alone ones (4 to calibrate, 1 to check; at d_model 2048 2 + 7), 2 + 11
+  at 70B: 4 to calibrate, 2 checks, 4 in the search for a cheaper plan and the named `dots`
+  beside the step; that search now finds one (2.038 PFLOP per step against 2.170 before,
+  6% fewer, at 1138.5 of 1156.1 GiB).
 - Prediction: the first plan's predicted peak is within 3% of the compiled one at every size
-  on one host: 1B -1.1%, 8B -1.3%, 70B +2.0% (+3.7% before), the trend at 8 layers -0.2%,
-  80 layers -2.2% (-3.4% before) and d_model 2048 -0.0%; every re-plan is within 0.5%. The
-  step's peak is predicted by phase (`remat._plan._phases`): each scan-alone program and the
-  un-checkpointed step are read from XLA's dump, and a save set is charged the larger of its
-  backward loop plus what the step adds beside that loop and its stacks as that loop starts
-  plus what the step adds between the loops (the loss head). Before, the scan-alone peak plus
-  one margin was charged, and the scan alone peaks where the step does not (XLA's float32
-  copies of bfloat16 stacks overlap their originals there). Left: 80 layers' -2.2% is XLA
-  converting the last 1.25 GiB stack to float32 at the loss head in the plan's step (not in
-  the un-checkpointed one); the mesh row (-4.9%, unchanged: calibrated on two compiled
-  steps, a linear fit, where no phase is read) misses 3%.
-- Shapes alone: planner RSS 0.52-0.79 GiB (target under 2 GiB at 70B, 0.65 GiB: met).
-- First plan against one compile of the step (the machine otherwise idle; one compile of
-  the step takes about 3 s at every size): 3.7× (1B), 4.4× (8B), 7.4× (70B), 4.0× at 8
-  layers, 3.9× at 80 layers and 7.4× at d_model 2048 (target 3×: missed at every size; the
-  run before, at a load average of 16-30, gave 2.9-10.2×). Each first plan compiles
-  the step twice (the un-checkpointed baseline and the plan) and 5 scans alone (4 to
-  calibrate, 1 to check), 11 where nothing fitted the linear model at first (70B, d_model
-  2048: values saved one at a time are checked alone, 8 scan compiles more). Re-plans:
-  1.0-1.3× (target under 1.3×: 8B's and 70B's 1.3× and 1.2× at the edge), one step compile
-  each.
-- At the MaxText presets' own peaks at 8B: both fit; `full` at 1.000× its FLOPs, `minimal`
-  at 1.005× (target: at most 1.000×, missed; 1.030× before).
+  on one host: 1B -1.1%, 8B -1.3%, 70B +1.5%, the trend at 8 layers -0.2%, 80 layers -2.2%
+  and d_model 2048 -0.0%; every re-plan is within 0.4%. The step's peak is predicted by
+  phase (`remat._plan._phases`): each scan-alone program and the un-checkpointed step are
+  read from XLA's dump, and a save set is charged the larger of its backward loop plus what
+  the step adds beside that loop and its stacks as that loop starts plus what the step adds
+  between the loops (the loss head). Left: 80 layers' -2.2% is XLA converting the last 1.25
+  GiB stack to float32 at the loss head in the plan's step (not in the un-checkpointed one);
+  the mesh row (-4.9%: calibrated on two compiled steps, a linear fit, where no phase is
+  read) misses 3%.
+- Shapes alone: planner RSS 0.53-0.66 GiB (target under 2 GiB at 70B, 0.56 GiB: met).
+- At the MaxText presets' own peaks at 8B: both fit; `full` at 1.000x its FLOPs, `minimal`
+  at 1.005x (target at most 1.000x: missed). Why (`benchmarks/preset_gap.py`): the
+  planner's rewrite of `minimal`'s own save set (the values named `query_proj`, `key_proj`,
+  `value_proj`, `out_proj`, `mlpwi_0`, `mlpwi_1`, `mlpwo`) compiles to 159,624,815,548
+  bytes at the preset's FLOPs, 53,952,448 bytes (0.03%) over the preset's 159,570,863,100.
+  The two programs' live bytes peak at the same 158,816,411,676 bytes in the backward loop
+  (XLA's dump by loop phase); the preset's temporaries buffer is packed tighter (its forward
+  loop keeps 2.1 GB more live, and XLA places the buffers differently). So the save set
+  with the preset's FLOPs is over its peak as the planner writes it, and the plan at the next
+  FLOPs tier fits (148.16 GiB). The cause is the planner's inlining of the jitted functions
+  in the scan body (`jnp.tril`, `jnp.where`, `nn.silu`; `_trace._tag.flatten`, so that
+  every value in them can be named): the preset's policy on the body with them inlined gives
+  the planner's 159,624,815,548 bytes, and with them kept as calls exactly the preset's
+  159,570,863,100 (and its phases). Next: a rewrite that keeps a jitted call whole where
+  none of its values is saved.
 - 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32 weights,
   their gradients and Adam's two moments alone take 16 bytes per parameter.
 - The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (4 step compiles, no

@@ -101,6 +101,82 @@ def test_compiler_options_change_neither_memory_nor_flops():
         assert hlo_flops(fast.as_text()) == hlo_flops(default.as_text())
 
 
+def test_scan_options_change_neither_memory_phases_nor_flops_of_a_scan_alone():
+    """A scan alone compiled with `_compile.SCAN_CPU_OPTIONS` (fusion emitters off, one LLVM
+    module) has the memory, loop phases and FLOPs it has with `COMPILER_OPTIONS`, at three
+    save sets and as written: the calibration reads them."""
+    from remat._measure._phases import loop_phases
+    from remat._measure._xla_dump import compile_with_dump
+    from remat._plan._body import lower_scan
+    from remat._plan._costmodel import model_scans
+    from remat._plan._options import assemble, candidates, fixed_choice
+    from remat._trace._tag import planned_scans
+
+    loss, args = make_gpt(layers=2, d_model=32, seq=16, batch=2, heads=2)
+    (info,) = infos = planned_scans(loss, *args)
+    models = model_scans(infos)
+    cands = candidates(models, False)
+    _, _, offsets = assemble(cands)
+    choices = [
+        fixed_choice(cands, offsets, models, [0], save=s).choices[info.position]
+        for s in (True, False, "unfused")
+    ]
+    assert _compile.scan_options() is _compile.SCAN_CPU_OPTIONS
+    for choice in [*choices, None]:
+        lowered = lower_scan(info, choice, models[0].length)
+        read = [compile_with_dump(lowered, o) for o in (_compile.SCAN_CPU_OPTIONS,
+                                                        _compile.COMPILER_OPTIONS)]  # fmt: skip
+        (fast, fast_dump), (slow, slow_dump) = read
+        assert (
+            fast.memory_analysis().temp_size_in_bytes == slow.memory_analysis().temp_size_in_bytes
+        )
+        assert peak_bytes(fast) == peak_bytes(slow)
+        assert loop_phases(fast_dump) == loop_phases(slow_dump) is not None
+        assert hlo_flops(fast.as_text()) == hlo_flops(slow.as_text()) > 0
+
+
+def test_a_scan_option_this_jaxlib_lacks_falls_back_to_the_steps_options():
+    lowered = jax.jit(lambda x: jnp.sin(x) @ x).lower(jnp.ones((8, 8)))
+    unknown = {**_compile.SCAN_CPU_OPTIONS, "xla_cpu_not_an_option": True}
+    before = _compile.tally()[0].get(_compile.SCAN, 0)
+    compiled = _compile.compile_lowered(lowered, _compile.SCAN, options=unknown)
+    assert peak_bytes(compiled) == peak_bytes(lowered.compile(_compile.COMPILER_OPTIONS))
+    assert _compile.tally()[0].get(_compile.SCAN, 0) == before + 1
+    with pytest.raises(jax.errors.JaxRuntimeError, match="No such compile option"):
+        lowered.compile(unknown)  # the option is refused as such
+
+
+def test_named_strategies_are_compiled_alone_beside_the_first_plans_step(monkeypatch):
+    """Near the budget the named strategies compete (`_named.try_named`); the one that is
+    no calibration point (``dots``) is compiled alone while the plan's step compiles
+    (`_rounds._look_ahead`), so checking them compiles nothing more."""
+    from remat._plan import _named, _rounds
+    from remat._plan._options import alone_key
+
+    _memo.forget()
+    loss, args = shared_mlp_stack()
+    compiled_during = []
+    real = _rounds.try_named
+
+    def try_named(*a, **k):
+        before = _compile.tally()[0].get(_compile.SCAN, 0)
+        real(*a, **k)
+        compiled_during.append(_compile.tally()[0].get(_compile.SCAN, 0) - before)
+
+    monkeypatch.setattr(_rounds, "try_named", try_named)
+    remat.plan(loss, *args, budget="35%", verbose=False)
+    assert compiled_during == [0]
+    know = next(reversed(_memo._MEMORY.values()))
+    prep = know.prepared
+    keys = {}
+    for names, solution, choice in _named.named_choices(prep):
+        (o,) = solution.options
+        keys[names] = alone_key(o, choice.choices[prep.infos[prep.cands[o].scan].position])
+    assert keys[("dots",)] not in dict(prep.alone)  # not compiled to calibrate
+    assert set(keys.values()) <= set(know.alone)
+    _memo.forget()
+
+
 # Programs the planner was not tuned on: transformers of other widths and batches, an MLP
 # stack and a recurrence.
 UNSEEN = {

@@ -44,8 +44,8 @@ def refusing(limit: int, stated: bool = True):
     real = _compile.compile_lowered
     refused = []
 
-    def compile_lowered(lowered, kind, read=None):
-        out = real(lowered, kind, read)
+    def compile_lowered(lowered, kind, read=None, options=None):
+        out = real(lowered, kind, read, options)
         compiled = out if read is None else out[0]
         peak = peak_bytes(compiled)
         if kind == _compile.STEP and peak > limit:

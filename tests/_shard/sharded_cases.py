@@ -411,8 +411,8 @@ def plan_refused_sharded():
     limit, real, refused, steps = plain.peak_bytes * 7 // 10, _compile.compile_lowered, [], []
     strict = []  # when set: every step after the first two (baseline, recomputing) refused
 
-    def compile_lowered(lowered, kind, read=None):
-        out = real(lowered, kind, read)
+    def compile_lowered(lowered, kind, read=None, options=None):
+        out = real(lowered, kind, read, options)
         if kind != _compile.STEP:
             return out
         compiled = out if read is None else out[0]
@@ -475,8 +475,8 @@ def plan_refused_decoder():
         presets[name] = [m.peak_bytes, m.flops]
     limit, real = presets["none"][0] * 7 // 10, _compile.compile_lowered
 
-    def compile_lowered(lowered, kind):
-        compiled = real(lowered, kind)
+    def compile_lowered(lowered, kind, read=None, options=None):
+        compiled = real(lowered, kind, read, options)
         if kind == _compile.STEP and peak_bytes(compiled) > limit:
             raise jax.errors.JaxRuntimeError(refusal_message(peak_bytes(compiled), limit))
         return compiled

@@ -30,7 +30,7 @@ from .._measure._phases import loop_phases
 from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
-from ._compile import SCAN, compile_each
+from ._compile import SCAN, compile_each, scan_options
 from ._phases import ScanMemory
 
 
@@ -94,12 +94,15 @@ def scan_memories(
 ) -> list[ScanMemory]:
     """`scan_memory` of each ``(info, choice, length)``: each is compiled while the next is
     lowered (`compile_each`), for ``device`` (the step's, `_target.compile_device`; None:
-    this machine's default); with ``phases``, each with its phases read from XLA's dump
-    (`remat._measure._phases.loop_phases`; see `remat._plan._phases`)."""
+    this machine's default) with its options (`_compile.scan_options`); with ``phases``,
+    each with its phases read from XLA's dump (`remat._measure._phases.loop_phases`; see
+    `remat._plan._phases`)."""
     lowerings = ((lambda r=r: lower_scan(*r, device)) for r in requests)
+    options = scan_options(device)
     if not phases:
-        return [ScanMemory(compiled_memory(c)) for c in compile_each(lowerings, SCAN)]
-    compiled = compile_each(lowerings, SCAN, read=loop_phases)
+        compiled = compile_each(lowerings, SCAN, options=options)
+        return [ScanMemory(compiled_memory(c)) for c in compiled]
+    compiled = compile_each(lowerings, SCAN, read=loop_phases, options=options)
     return [ScanMemory(compiled_memory(c), p) for c, p in compiled]
 
 

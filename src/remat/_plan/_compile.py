@@ -10,6 +10,7 @@ Two kinds of program are compiled, and each compile is tallied by kind (see `tal
 
 Both are compiled with `COMPILER_OPTIONS`: the planner reads XLA's memory analysis and the
 optimised HLO, never runs the executable, and both are decided before the LLVM backend runs.
+A scan alone compiled for the CPU also leaves XLA's fusion emitters off (`scan_options`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,20 @@ COMPILER_OPTIONS = ANALYSIS_OPTIONS
 
 STEP = "step"
 SCAN = "scan"
+
+# A scan-alone program for the CPU is compiled with XLA's older fusion emitters and its LLVM
+# module in one piece: its memory analysis, buffer assignment (so its loop phases) and
+# optimised HLO are the same, in about a fifth of the compile time (the four calibration
+# programs of a Llama-3-8B-shaped layer: 0.36-0.46 s of CPU each instead of 1.85-2.51 s,
+# `benchmarks/plan_time_ab.py --scan-options`; tests/_plan/test_compiles.py checks the small
+# stacks). Not for the step: without the fusion emitters its memory analysis can differ by a
+# few bytes (192 of the 256 GiB of temporaries of that Llama-3-8B step), and a plan is
+# measured as the user compiles it; one LLVM module gains the step nothing.
+SCAN_CPU_OPTIONS = {
+    **COMPILER_OPTIONS,
+    "xla_cpu_use_fusion_emitters": False,
+    "xla_cpu_parallel_codegen_split_count": 1,
+}
 
 # Compiles run at once by `compile_each` (XLA compiles outside the GIL; one core each).
 WORKERS = max(1, min(4, os.cpu_count() or 1))
@@ -64,17 +79,39 @@ def tally() -> tuple[dict[str, int], dict[str, float]]:
     return _TALLY.snapshot()
 
 
-def compile_lowered(lowered: Any, kind: str, read: Callable[[Any], Any] | None = None) -> Any:
-    """Compiles a lowered program with `COMPILER_OPTIONS`, tallied as ``kind``: the one place
-    the planner compiles (tests wrap it to count). With ``read``, XLA's dump is written and
-    ``(compiled, read(dump))`` returned (``read`` takes a `remat._measure._xla_dump.Dump`)."""
-    start = time.perf_counter()
-    if read is None:
-        compiled = lowered.compile(COMPILER_OPTIONS)
-    else:
-        from .._measure._xla_dump import compile_with_dump
+def scan_options(device: Any = None) -> dict[str, Any]:
+    """The options a scan-alone program compiles with for ``device`` (None: this machine's
+    default backend): `SCAN_CPU_OPTIONS` on the CPU, else `COMPILER_OPTIONS`.
 
-        compiled, dump = compile_with_dump(lowered, COMPILER_OPTIONS)
+    Example:
+      >>> from remat._plan._compile import scan_options
+      >>> scan_options()["xla_cpu_use_fusion_emitters"]  # this machine: the CPU
+      False
+    """
+    platform = jax.default_backend() if device is None else getattr(device, "platform", "")
+    return SCAN_CPU_OPTIONS if platform == "cpu" else COMPILER_OPTIONS
+
+
+def compile_lowered(
+    lowered: Any,
+    kind: str,
+    read: Callable[[Any], Any] | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """Compiles a lowered program with ``options`` (default `COMPILER_OPTIONS`), tallied as
+    ``kind``: the one place the planner compiles (tests wrap it to count). With ``read``,
+    XLA's dump is written and ``(compiled, read(dump))`` returned (``read`` takes a
+    `remat._measure._xla_dump.Dump`)."""
+    options = COMPILER_OPTIONS if options is None else options
+    start = time.perf_counter()
+    try:
+        compiled, dump = _compile(lowered, options, read is not None)
+    except jax.errors.JaxRuntimeError as err:
+        # A jaxlib without one of `SCAN_CPU_OPTIONS`: the step's options give the same
+        # memory and HLO, more slowly.
+        if options is COMPILER_OPTIONS or "No such compile option" not in str(err):
+            raise
+        compiled, dump = _compile(lowered, COMPILER_OPTIONS, read is not None)
     seconds = time.perf_counter() - start
     with _LOCK:
         _TALLY.counts[kind] = _TALLY.counts.get(kind, 0) + 1
@@ -82,14 +119,28 @@ def compile_lowered(lowered: Any, kind: str, read: Callable[[Any], Any] | None =
     return compiled if read is None else (compiled, read(dump))
 
 
+def _compile(lowered: Any, options: dict[str, Any], dump: bool) -> tuple[Any, Any]:
+    """``(compiled, XLA's dump or None)``."""
+    if not dump:
+        return lowered.compile(options), None
+    from .._measure._xla_dump import compile_with_dump
+
+    return compile_with_dump(lowered, options)
+
+
 def compile_each(
-    lowerings: Iterable[Callable[[], Any]], kind: str, read: Callable[[Any], Any] | None = None
+    lowerings: Iterable[Callable[[], Any]],
+    kind: str,
+    read: Callable[[Any], Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """Each program compiled (`compile_lowered`, with ``read``), in order: ``lowerings`` are
-    called in turn on this thread (lowering holds the GIL) while up to `WORKERS` of the
-    programs already lowered compile (XLA compiles outside the GIL)."""
+    """Each program compiled (`compile_lowered`, with ``read`` and ``options``), in order:
+    ``lowerings`` are called in turn on this thread (lowering holds the GIL) while up to
+    `WORKERS` of the programs already lowered compile (XLA compiles outside the GIL)."""
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        pending = [pool.submit(compile_lowered, lower(), kind, read) for lower in lowerings]
+        pending = [
+            pool.submit(compile_lowered, lower(), kind, read, options) for lower in lowerings
+        ]
         return [p.result() for p in pending]
 
 

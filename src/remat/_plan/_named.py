@@ -115,6 +115,25 @@ def wanted(prep: Prepared, know: Knowledge, best: Known | None, budget_bytes: in
     return budget_bytes <= (1 + NEAR) * least
 
 
+def ahead(
+    prep: Prepared, know: Knowledge, budget_bytes: int, reference: float, predicted: float
+) -> list[tuple[Solution, Choice]]:
+    """The named candidates that `try_named` would check alone after a plan of ``reference``
+    FLOPs predicted at ``predicted`` bytes is measured: those cheaper than it, when
+    `wanted` would say so of that prediction (`_rounds` compiles them beside its step)."""
+    if not prep.scan_fits or not _per_step(prep):
+        return []
+    least = min((k.measured.peak_bytes for k in know.measured.values()), default=predicted)
+    if budget_bytes > (1 + NEAR) * min(least, predicted):
+        return []
+    return [
+        (solution, choice)
+        for _, solution, choice in named_choices(prep)
+        if choice_key(choice) not in know.measured
+        and prep.baseline.flops + choice.flops < reference
+    ]
+
+
 def try_named(
     prep: Prepared,
     know: Knowledge,

@@ -3,7 +3,10 @@
 A round solves the integer program, checks the candidate on each of its scans compiled alone
 (cheap: `_alone.check_alone`), and, once that predicts a fit, looks for cheaper candidates
 the linear model put a little over the budget (`_search.cheaper_candidate`, also checked
-alone); the cheapest predicted to fit is compiled whole and measured. When nothing fits the
+alone); the cheapest predicted to fit is compiled whole and measured, and while it compiles,
+what the rounds will likely check next is compiled alone (`_look_ahead`). A candidate
+checked alone and predicted over the budget rules out the candidates that recompute as
+little (`_search.above_floor`). When nothing fits the
 model, values saved one at a time are tried first (`_search.smaller_candidate`). The first
 verified plan of a program also measures what the scan-alone programs do not see (the memory
 outside the scans); a second round runs only when the plan was over the budget, or, for the
@@ -24,12 +27,13 @@ import jax
 
 from .._core._budget import Budget
 from .._measure._refusal import refusal_of
-from ._alone import charged_options, check_alone
+from ._alone import charged_options, check_alone, compile_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost
 from ._milp import Solution, solve
+from ._named import ahead as named_ahead
 from ._named import describe, try_named
 from ._named import wanted as named_wanted
 from ._options import Choice, decode
@@ -37,6 +41,7 @@ from ._perlayer import uniform_of
 from ._result import InfeasibleBudget, Plan, PlanStats
 from ._search import (
     CHECKS,
+    above_floor,
     band_for,
     calibration_point,
     calibration_rival,
@@ -147,6 +152,9 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
     calibrated = know.margin is not None
     searched = False  # cheaper candidates looked for (`cheaper_candidate`)
     probed = False  # smaller candidates looked for (`smaller_candidate`)
+    # The most recompute FLOPs of a candidate checked alone and predicted over the budget:
+    # what recomputes as little keeps as much, so no solve looks below it (`above_floor`).
+    above: float | None = None
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
@@ -159,7 +167,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
         else:
             solution = solve(prep.nodes, budget_bytes, options=options,
                              fixed_bytes=prep.base + margin + tight, exclude=excluded,
-                             **weights)  # fmt: skip
+                             min_flops=above_floor(prep, above), **weights)  # fmt: skip
         # A cheaper candidate found on the scans alone is compiled as it is.
         looked = pending is not None and not search_again
         pending = None
@@ -211,6 +219,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                     checks += 1
                     excluded.append(solution)
                     tight += predicted - budget_bytes + STEP_BACK * budget_bytes
+                    above = max(above or 0.0, solution.recompute_flops)
                     continue
                 if best_known(prep, know, budget_bytes) is not None:
                     break  # predicted over, and a plan that fits is known: no round for it
@@ -221,13 +230,17 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                                            [*excluded, solution],
                                            prep.baseline.flops + choice.flops,
                                            band_for(know, calibrated, False),
-                                           (choice, alone))  # fmt: skip
+                                           (choice, alone), above)  # fmt: skip
                 if found is not None:
                     fallback = solution  # verified next if ``found`` is over
                     solution, choice, alone = found
                     key = choice_key(choice)
             say(f"verifying round {rounds + 1}: compiling the step")
-            _verify(prep, know, key, choice, margin, alone=alone)
+            after = rounds + 1 < min(ROUNDS, max_rounds) and not (calibrated and searched)
+            ahead = functools.partial(_look_ahead, prep, know, budget_bytes, options, tight,
+                                      [*excluded, solution], above, after, choice,
+                                      alone + margin)  # fmt: skip
+            _verify(prep, know, key, choice, margin, alone=alone, ahead=ahead)
         rounds += 1
         checks = 0
         known = know.measured[key]
@@ -247,7 +260,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
             best = best_known(prep, know, budget_bytes)
             found = cheaper_candidate(prep, know, budget_bytes, options, tight, excluded,
                                        cost(prep, best), band_for(know, calibrated, True),
-                                       seen_in(best))  # fmt: skip
+                                       seen_in(best), above)  # fmt: skip
             if found is None:
                 break
             pending = (found[0], False)
@@ -291,14 +304,23 @@ def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> 
     return rounds
 
 
-def _verify(prep, know, key, choice, margin, alone=None, beside=None) -> None:
+def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None) -> None:
     """Compiles and measures the step with ``choice`` and records it in ``know`` under
     ``key``, with its prediction (the scan-alone ``alone``, or what ``beside``, run while
-    the step compiles, returns, plus ``margin``) and the memory outside the scans it shows."""
+    the step compiles, returns, plus ``margin``) and the memory outside the scans it shows.
+    ``ahead`` (`_look_ahead`) also runs while the step compiles."""
+
+    def meanwhile():
+        out = beside() if beside is not None else None
+        if ahead is not None:
+            ahead()
+        return out
+
     try:
         measured = compile_measure(
-            _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline, meanwhile=beside
-        )
+            _rewrite(prep, choice), prep.args, prep.argnums, "plan", prep.baseline,
+            meanwhile=meanwhile if beside is not None or ahead is not None else None,
+        )  # fmt: skip
     except jax.errors.JaxRuntimeError as err:  # over the device's memory: never a plan
         refusal = refusal_of(err)
         if refusal is None:
@@ -312,9 +334,34 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None) -> None:
         return
     if beside is not None:
         measured, (alone, _) = measured
+    elif ahead is not None:
+        measured, _ = measured
     check_offloaded(choice, measured)
     know.margin = peak_of(measured) - alone
     know.measured[key] = Known(choice, measured, int(alone + margin), alone)
+
+
+def _look_ahead(prep, know, budget_bytes, options, tight, excluded, above, after, choice,
+                predicted) -> None:  # fmt: skip
+    """Compiles alone, while the step with ``choice`` (``predicted`` peak) compiles, what the
+    rounds will likely check alone once it is measured: the named strategies that
+    `try_named` checks when that peak is near the budget (`_named.ahead`), and, with
+    ``after`` (a search for a cheaper plan follows the step), the candidate that
+    `cheaper_candidate` checks first, as the memory outside the scans known so far puts it.
+    The checks then find their scans compiled (`_memo.Knowledge.alone`); those the measured
+    step makes unnecessary cost their compile, beside the step's."""
+    pairs = named_ahead(prep, know, budget_bytes, prep.baseline.flops + choice.flops, predicted)
+    if after:
+        solution = solve(prep.nodes, budget_bytes, options=options,
+                         fixed_bytes=prep.base + (know.margin or 0.0) + tight, exclude=excluded,
+                         transient_weight=prep.weight, stored_weight=prep.stored,
+                         slice_weight=prep.slice, min_flops=above_floor(prep, above))  # fmt: skip
+        if solution is not None:
+            cheaper = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
+                             prep.stored, prep.slice)  # fmt: skip
+            if choice_key(cheaper) not in know.measured:
+                pairs.append((solution, cheaper))
+    compile_alone(prep, know, pairs)
 
 
 def _ample(prep, know, solution, choice, budget_bytes, fixed) -> bool:

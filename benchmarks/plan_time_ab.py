@@ -1,0 +1,128 @@
+"""The first plan's time of two versions of remat, side by side.
+
+``scale_bench.py``'s decoder at one of its shapes, planned at 50% from shapes alone, in fresh
+processes that alternate between the two source trees (so both see the same load on a
+shared machine).
+
+Each run prints one compile of the step (XLA's default options), the first plan's wall time
+and its ratio to that compile, its step and scan-alone compiles, FLOPs and compiled peak.
+
+Usage:
+  PYTHONPATH=src python benchmarks/plan_time_ab.py --before OLD/src --after src \\
+      [--model Llama-3-70B] [--repeats 2]
+
+``OLD/src`` is another checkout's ``src`` folder (e.g. ``git worktree add /tmp/old
+<commit>``). Nothing is written to BENCHMARKS.md: the numbers are quoted where they are read.
+
+``--scan-options`` instead compiles the planner's four calibration programs of the model's
+scan alone (every needed value saved, none, every unfused value, as written) with the step's
+options and with a scan's (`remat._plan._compile.scan_options`), alternating, and prints the
+CPU seconds of each compile and whether their memory analyses agree:
+
+  PYTHONPATH=src python benchmarks/plan_time_ab.py --scan-options [--model Llama-3-8B]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from scale_bench import MODELS
+
+
+def child(model: str) -> None:
+    import optax
+
+    import remat
+    from remat._models._maxtext import decoder_shapes
+    from scale_bench import compile_seconds, sizes_of
+
+    opt = optax.adam(1e-4)
+    loss, args = decoder_shapes(None, sizes_of(MODELS[model], 4096))
+    one, _ = compile_seconds(loss, args, opt)
+    start = time.perf_counter()
+    p = remat.plan(loss, *args, budget="50%", optimizer=opt, verbose=False)
+    seconds = time.perf_counter() - start
+    print(json.dumps(dict(
+        compile=one, plan=seconds, steps=p.stats.step_compiles, scans=p.stats.scan_compiles,
+        flops=p.measured.flops, peak=p.measured_peak_bytes, load=os.getloadavg()[0],
+    )))  # fmt: skip
+
+
+def scan_options(model: str) -> None:
+    from remat._measure._peak import compiled_memory
+    from remat._models._maxtext import decoder_shapes
+    from remat._plan._body import lower_scan
+    from remat._plan._compile import COMPILER_OPTIONS, scan_options
+    from remat._plan._costmodel import model_scans
+    from remat._plan._options import assemble, candidates, fixed_choice
+    from remat._trace._tag import planned_scans
+    from scale_bench import sizes_of
+
+    loss, args = decoder_shapes(None, sizes_of(MODELS[model], 4096))
+    (info,) = infos = planned_scans(loss, *args)
+    models = model_scans(infos)
+    cands = candidates(models, False)
+    _, _, offsets = assemble(cands)
+    points = {
+        str(save): fixed_choice(cands, offsets, models, [0], save=save).choices[info.position]
+        for save in (True, False, "unfused")
+    }
+    points["as written"] = None
+    for k, (label, choice) in enumerate(points.items()):
+        lowered = lower_scan(info, choice, models[0].length)
+        runs = [("step's", COMPILER_OPTIONS), ("scan's", scan_options())]
+        memories = {}
+        for name, options in runs if k % 2 == 0 else runs[::-1]:
+            cpu = time.process_time()
+            memories[name] = compiled_memory(lowered.compile(options))
+            print(f"{model} scan alone, {label:10s} {name} options: "
+                  f"{time.process_time() - cpu:5.2f} s of CPU", flush=True)  # fmt: skip
+        step, scan = memories.values()
+        print(f"  same memory analysis: {step == scan}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", help="the other version's src folder")
+    parser.add_argument("--after", help="this version's src folder")
+    parser.add_argument("--scan-options", action="store_true")
+    parser.add_argument("--model", default="Llama-3-70B", choices=sorted(MODELS))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    if args.scan_options:
+        scan_options(args.model)
+        return
+    if not args.before or not args.after:
+        parser.error("give --before and --after (two src folders), or --scan-options")
+    here = os.path.dirname(os.path.abspath(__file__))
+    for _ in range(args.repeats):
+        for label, src in (("before", args.before), ("after", args.after)):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(src), here]))
+            done = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--child", args.model],
+                env=env, capture_output=True, text=True,
+            )  # fmt: skip
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            if not lines:
+                print(f"{label}: failed: {done.stderr.strip()[-300:]}", flush=True)
+                continue
+            r = json.loads(lines[-1])
+            print(
+                f"{args.model} {label:6s} compile {r['compile']:5.1f} s  plan {r['plan']:5.1f} s "
+                f"({r['plan'] / r['compile']:.1f}x)  {r['steps']} + {r['scans']} compiles  "
+                f"{r['flops'] / 1e15:.3f} PFLOP  {r['peak'] / 2**30:.2f} GiB  load {r['load']:.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
