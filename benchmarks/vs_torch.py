@@ -374,7 +374,9 @@ SAVED_TRIES = 8
 def remat_at_saved(loss, args, base: remat.Measurement, target: int) -> dict:
     """The plan with the fewest FLOPs found that keeps no more saved activations than
     ``target`` bytes: a bisection on the budget (a compiled peak) between ``P0 - S0``
-    (nothing saved) and ``P0``, starting at ``P0 - S0 + target``; `SAVED_TRIES` budgets."""
+    (nothing saved) and ``P0``, starting at ``P0 - S0 + target``; `SAVED_TRIES` budgets. A
+    plan that keeps more than ``target`` bounds the budgets tried next below its compiled
+    peak (at that peak or above, the planner may return it again)."""
     peak0, saved0 = compiled_peak(base), saved_activations(base, args)
     lo, hi = peak0 - saved0, peak0
     budget = int(peak0 - saved0 + target)
@@ -390,7 +392,7 @@ def remat_at_saved(loss, args, base: remat.Measurement, target: int) -> dict:
                 if plan is None or tried.measured.flops < plan.measured.flops:
                     plan = tried
             else:
-                hi = budget
+                hi = min(budget, compiled_peak(tried.measured) - 1)
         budget = int((lo + hi) / 2)
     if plan is None:
         return dict(target=target, plan=None)
