@@ -48,7 +48,7 @@ from remat._plan._milp import solve
 from remat._plan._perlayer import pareto_points
 
 MARKERS = ("<!-- perlayer:start -->", "<!-- perlayer:end -->")
-BUDGETS = ("60%", "40%", "30%", "25%", "20%")
+BUDGETS = DEFAULT_BUDGETS = ("60%", "40%", "30%", "25%", "20%")
 REPEATS = 3
 
 
@@ -208,7 +208,9 @@ def section(results: list[dict], wall: float) -> str:
         f"Run {datetime.date.today().isoformat()} on {machine_line()}; {wall:.0f} s in all, "
         "measured under the load shown (other jobs share the 2 cores: compare the two columns "
         "of a row, measured side by side, not rows or runs). Reproduce with "
-        "`PYTHONPATH=src python benchmarks/perlayer_bench.py`.",
+        "`PYTHONPATH=src python benchmarks/perlayer_bench.py"
+        + ("" if BUDGETS == DEFAULT_BUDGETS else f" --budgets {','.join(BUDGETS)}")
+        + "`.",
         "",
         "The models of `benchmarks/vs_torch.py` (8 layers in one `lax.scan`). A per-layer "
         "option gives c of the 8 layers one point of the layer's Pareto front and the others "

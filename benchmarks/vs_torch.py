@@ -119,7 +119,14 @@ def j_mlp(x, p):
     return x + jax.nn.gelu(h @ p["up"], approximate=True) @ p["down"]
 
 
-def make_jax_loss(kind: str, heads: int):
+def make_jax_loss(kind: str, heads: int, head_policy=None):
+    """The loss of ``kind``; with ``head_policy``, the code after the layers' scan (the
+    final LayerNorm, logits and cross-entropy; the MLP's mean square) is checkpointed with
+    that `jax.checkpoint` policy (`benchmarks/vs_torch_sets.py` measures what it changes)."""
+
+    def checkpointed(head):
+        return head if head_policy is None else jax.checkpoint(head, policy=head_policy)
+
     def attention(x, p):
         batch, seq, d = x.shape
         hd = d // heads
@@ -132,16 +139,24 @@ def make_jax_loss(kind: str, heads: int):
         out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, d)
         return x + out @ p["proj"]
 
-    def gpt_loss(params, tokens):
-        x = params["embed"][tokens[:, :-1]] + params["pos"][: tokens.shape[1] - 1]
-        x, _ = jax.lax.scan(lambda x, p: (j_mlp(attention(x, p), p), None), x, params["blocks"])
+    @checkpointed
+    def gpt_head(params, x, tokens):
         x = j_ln(x, params["lnf_s"], params["lnf_b"])
         logp = jax.nn.log_softmax(x @ params["embed"].T, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
+    def gpt_loss(params, tokens):
+        x = params["embed"][tokens[:, :-1]] + params["pos"][: tokens.shape[1] - 1]
+        x, _ = jax.lax.scan(lambda x, p: (j_mlp(attention(x, p), p), None), x, params["blocks"])
+        return gpt_head(params, x, tokens)
+
+    @checkpointed
+    def mlp_head(x):
+        return jnp.mean(x**2)
+
     def mlp_loss(params, x):
         x, _ = jax.lax.scan(lambda x, p: (j_mlp(x, p), None), x, params["blocks"])
-        return jnp.mean(x**2)
+        return mlp_head(x)
 
     return gpt_loss if kind == "gpt" else mlp_loss
 
@@ -211,8 +226,8 @@ def make_torch_model(kind: str, params: dict, heads: int):
 
 def torch_at_budget(model, inputs, budget: float, repeats: int) -> dict:
     """Compiles ``model`` with ``activation_memory_budget = budget`` through aot_autograd
-    with pass-through compilers; returns what the partitioner saved, the step's FLOPs and
-    its median time."""
+    with pass-through compilers; returns what the partitioner saved, the step's FLOPs, its
+    median time and the partitioned graphs (``graphs["fw"]``, ``graphs["bw"]``)."""
     import torch
     import torch._dynamo
     import torch._functorch.config as fconfig
@@ -271,6 +286,7 @@ def torch_at_budget(model, inputs, budget: float, repeats: int) -> dict:
         recomputed=recomputed_flops(graphs["fw"], graphs["bw"]),
         seconds=seconds,
         compile_seconds=compile_seconds,
+        graphs=graphs,
     )
 
 

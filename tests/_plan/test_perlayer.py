@@ -95,7 +95,7 @@ def test_explain_shows_which_layers_save_what(planned):
     assert f"layers {','.join(map(str, saving))} save {{{saved}}}" in text
     rest = sorted(set(range(8)) - set(saving))
     assert f"layers {','.join(map(str, rest))} save nothing" in text
-    assert "plan.position_policy(k)" in text
+    assert "policy=plan.position_policy(k)" in text and "as a scan of its own" in text
 
 
 def test_policy_says_what_to_use_instead(planned):
