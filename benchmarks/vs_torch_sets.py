@@ -22,7 +22,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
 import re
 import sys
 import time
@@ -33,7 +32,7 @@ import numpy as np
 
 import remat
 import vs_torch
-from bench_common import BENCH_MD, MIB, compiled_peak, machine_line, markdown_table, replace_section
+from bench_common import MIB, compiled_peak, markdown_table, section_start, write_section
 from remat._plan._calibrate import prepare
 from remat._plan._perlayer import pareto_points
 from remat._trace._tag import ScanChoice, rewrite
@@ -126,13 +125,11 @@ def run(kind: str) -> dict:
 
 
 def section(results: list[dict], wall: float) -> str:
-    parts = [
-        MARKERS[0],
-        "## What torch keeps, layer by layer (`benchmarks/vs_torch_sets.py`)",
-        "",
-        f"Run {datetime.date.today().isoformat()} on {machine_line()}; {wall:.0f} s in all. "
-        "Reproduce with `PYTHONPATH=src python benchmarks/vs_torch_sets.py`. Bytes and FLOPs "
-        "are exact and repeat.",
+    parts = section_start(MARKERS, "What torch keeps, layer by layer "
+                          "(`benchmarks/vs_torch_sets.py`)", wall,
+                          "PYTHONPATH=src python benchmarks/vs_torch_sets.py")  # fmt: skip
+    parts += [
+        "Bytes and FLOPs are exact and repeat.",
         "",
         "The models of the section above. torch: its saved tensors at each budget, assigned "
         "to the block whose forward node made them (the rest: embedding, final LayerNorm, "
@@ -183,11 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     results = [run(kind) for kind in args.arch.split(",")]
-    text = section(results, time.perf_counter() - start)
-    print(text)
-    if not args.no_write:
-        replace_section(BENCH_MD, MARKERS, text)
-        print(f"wrote {BENCH_MD}")
+    write_section(MARKERS, section(results, time.perf_counter() - start), not args.no_write)
     return 0
 
 
