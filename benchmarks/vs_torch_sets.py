@@ -46,11 +46,21 @@ HEADS = {
 
 
 def block_of(node) -> int | None:
-    """The block index of a forward node (``blocks.3`` in its module stack), or None."""
-    for path, _ in (node.meta.get("nn_module_stack") or {}).values():
-        found = re.search(r"blocks\.(\d+)", path)
-        if found:
-            return int(found.group(1))
+    """The block index of a forward node (``blocks.3`` in its module stack), or None; a
+    view, transpose or copy the partitioner made has no module stack and belongs to the
+    block of the tensor it views."""
+    import torch
+
+    for _ in range(8):
+        for path, _ in (node.meta.get("nn_module_stack") or {}).values():
+            found = re.search(r"blocks\.(\d+)", path)
+            if found:
+                return int(found.group(1))
+        sources = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        if not sources or not re.search(r"view|permute|transpose|expand|clone|\bt\b",
+                                         str(node.target)):  # fmt: skip
+            return None
+        node = sources[0]
     return None
 
 

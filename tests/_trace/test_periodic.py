@@ -178,3 +178,39 @@ def test_segments_keep_k_of_l_layers_values_and_copy_nothing():
 def test_runs_of_a_pattern():
     assert runs([("a",)] * 3) == [(0, 3)]
     assert runs([(), ("a",), ("a",), (), ()]) == [(0, 1), (1, 3), (3, 5)]
+
+
+def test_segments_take_integer_inputs_and_outputs():
+    """Integer scanned inputs and constants (per-layer indices, a shift) get no cotangent
+    (JAX's ``float0``), and stacked outputs of either kind come back in layer order, as
+    `jax.lax.scan` gives them, forward and reversed."""
+    ws, x = _inputs(layers=6)
+    shifts = jnp.arange(6, dtype=jnp.int32)
+
+    def body(consts, carry, xs):
+        (h,) = carry
+        (offset,) = consts
+        w1, w2, s = xs
+        u = checkpoint_name(h @ w1, "up")
+        h = h + jnp.tanh(jnp.roll(u, s + offset, axis=-1)) @ w2
+        return [h], [jnp.sum(h), s * 2]
+
+    def plain(ws, x, reverse):
+        def step(c, xs):
+            return body((jnp.int32(1),), c, xs)
+
+        (h,), (ys, ss) = jax.lax.scan(step, [x], [*ws, shifts], reverse=reverse)
+        return jnp.sum(h**2) + jnp.sum(jnp.sin(ys)), ss
+
+    def split(ws, x, reverse):
+        pattern = ((),) * 2 + (("up",),) * 3 + ((),)
+        (h,), (ys, ss) = periodic_loop(body, pattern, (jnp.int32(1),), [x], [*ws, shifts], 6,
+                                       reverse)  # fmt: skip
+        return jnp.sum(h**2) + jnp.sum(jnp.sin(ys)), ss
+
+    for reverse in (False, True):
+        (got, ss), grads = jax.value_and_grad(split, (0, 1), has_aux=True)(ws, x, reverse)
+        (want, ss0), grads0 = jax.value_and_grad(plain, (0, 1), has_aux=True)(ws, x, reverse)
+        assert_tree_allclose(got, want)
+        assert_tree_allclose(grads, grads0)
+        assert ss.dtype == jnp.int32 and (ss == ss0).all()

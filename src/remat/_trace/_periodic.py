@@ -16,11 +16,12 @@ layers' indices, the stacked inputs passed whole and indexed inside each layer's
 (so nothing is sliced or copied, and each scan stores only its own layers' values). Any
 ``k`` of ``L`` layers can then save one set and the others another (3 of 8, 7 of 8, which no
 shorter period gives), with one loop body per run, not one per layer: on the GPT of
-`benchmarks/vs_torch.py` (8 layers, 3 saving one set and 5 another) the step compiled in
-5.8 s against 29.2 s for the same layers run one after another without a loop, at the same
-peak (50.48 against 50.46 MiB; `benchmarks/perlayer_bench.py` compares the forms). With the
-same set in every layer it is one scan whose peak is at most the plain scan's
-(`tests/_trace/test_periodic.py`). The positions saving less come first: their
+`benchmarks/vs_torch.py` (8 layers, 5 saving one set and 3 another) the step compiled in
+1.50x the plain scan's time, groups of 2 layers in 1.52x (`benchmarks/perlayer_bench.py`
+compares the forms, under load). With the same set in every layer the peak is the plain
+scan's within 12.2 KiB on the tests' MLP stack, whose parameter stack is 64 KiB
+(`tests/_trace/test_periodic.py`), but 1.02 MiB over it on that GPT with every value its
+backward pass needs saved (84.18 against 83.16 MiB; not traced to a buffer yet). The positions saving less come first: their
 recomputation runs last in the backward pass, when fewer saved values are live.
 
 The other forms measured copy or keep more: a remainder scan over the last ``L mod g``
