@@ -20,8 +20,10 @@ shorter period gives), with one loop body per run, not one per layer: on the GPT
 1.50x the plain scan's time, groups of 2 layers in 1.52x (`benchmarks/perlayer_bench.py`
 compares the forms, under load). With the same set in every layer the peak is the plain
 scan's within 12.2 KiB on the tests' MLP stack, whose parameter stack is 64 KiB
-(`tests/_trace/test_periodic.py`), but 1.02 MiB over it on that GPT with every value its
-backward pass needs saved (84.18 against 83.16 MiB; not traced to a buffer yet). The positions saving less come first: their
+(`tests/_trace/test_periodic.py`), and 1.02 MiB over it on that GPT with every value its
+backward pass needs saved (84.18 against 83.16 MiB): read with `remat.memory`, the backward
+loop's slices of one layer's parameters (0.50 MiB, which the plain scan fuses into their
+consumers) and two recomputed 0.50 MiB values live at the peak where the plain scan has one. The positions saving less come first: their
 recomputation runs last in the backward pass, when fewer saved values are live.
 
 The other forms measured copy or keep more: a remainder scan over the last ``L mod g``
