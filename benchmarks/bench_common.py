@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import platform
 import statistics
@@ -21,7 +22,7 @@ import jax
 from rich.console import Console
 from rich.table import Table
 
-from remat._core._io import replace_section  # noqa: F401  (re-exported for the two scripts)
+from remat._core._io import replace_section
 
 BENCH_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MIB = 2**20
@@ -130,3 +131,22 @@ def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def section_start(markers: tuple[str, str], title: str, wall: float, command: str) -> list[str]:
+    """The first lines of a BENCHMARKS.md section: its marker, title and the run line."""
+    return [
+        markers[0],
+        f"## {title}",
+        "",
+        f"Run {datetime.date.today().isoformat()} on {machine_line()}; {wall:.0f} s in all. "
+        f"Reproduce with `{command}`.",
+    ]
+
+
+def write_section(markers: tuple[str, str], text: str, write: bool) -> None:
+    """Prints a section and, unless ``write`` is false, puts it in BENCHMARKS.md."""
+    print(text)
+    if write:
+        replace_section(BENCH_MD, markers, text)
+        print(f"wrote {BENCH_MD}")

@@ -10,7 +10,13 @@ On the two models of `benchmarks/vs_torch.py` (the demo GPT's block stack and an
 - ``remat.plan(..., per_layer=False)`` and ``per_layer=True`` at each budget, each from scratch
   (`_memo.forget`): FLOPs over the un-checkpointed step, compiled peak, the plan's wall time
   against one compile of the un-checkpointed step, and the compile time of the step each plan
-  gives (median of `REPEATS` compiles, alternating).
+  gives (median of `REPEATS` compiles, alternating);
+- the forms a per-layer choice can take, compiled side by side (`forms`): two save sets of the
+  layer's Pareto front (the first point, which recomputes nothing, and the middle one) as
+  the plain scan, as segments (`remat._trace._periodic.segments`: the set in every layer,
+  and 3 of 8 layers saving the first and 5 the second) and as groups of 2 layers
+  (`periodic_loop` with a period of 2: alternating layers): compile time (median of
+  `REPEATS`, alternating), compiled peak and FLOPs.
 
 Usage:
   PYTHONPATH=src python benchmarks/perlayer_bench.py [--arch gpt,mlp] [--budgets 40%,30%]
@@ -39,9 +45,10 @@ from remat._plan._calibrate import prepare
 from remat._plan._compile import peak_of
 from remat._plan._memo import Knowledge
 from remat._plan._milp import solve
+from remat._plan._perlayer import pareto_points
 
 MARKERS = ("<!-- perlayer:start -->", "<!-- perlayer:end -->")
-BUDGETS = ("60%", "40%", "30%", "25%", "20%")
+BUDGETS = DEFAULT_BUDGETS = ("60%", "40%", "30%", "25%", "20%")
 REPEATS = 3
 
 
@@ -124,6 +131,47 @@ def plans(loss, args) -> list[list[str]]:
     return rows, one
 
 
+def forms(loss, args) -> list[list[str]]:
+    """The same save sets compiled in each form (see the module docstring)."""
+    from remat._trace._tag import ScanChoice, rewrite
+
+    prep = prepare(loss, args, 0, True, per_layer=True)
+    mixed = next(c for c in prep.cands if c.pattern)
+    model = prep.models[mixed.scan]
+    points = pareto_points(next(c for c in prep.cands if c.schedule == "per_step"), model.length,
+                           prep.stored, prep.slice, prep.weight)  # fmt: skip
+    a, b = (tuple(sorted(model.values[i].name for i in p.saved))
+            for p in (points[0], points[len(points) // 2]))  # fmt: skip
+    both = tuple(sorted(set(a) | set(b)))
+    length = model.length
+    shapes = {
+        "plain scan, first set in every layer": ScanChoice(names=a),
+        "segments, first set in every layer": ScanChoice(names=a, pattern=(a,) * length),
+        f"segments, {length - 3} layers the second set then 3 the first":
+            ScanChoice(names=both, pattern=(b,) * (length - 3) + (a,) * 3),
+        "groups of 2 layers, the second set then the first":
+            ScanChoice(names=both, pattern=(b, a)),
+        "plain scan, second set in every layer": ScanChoice(names=b),
+    }  # fmt: skip
+    fns = {label: rewrite(loss, {mixed.scan: c}) for label, c in shapes.items()}
+    times = {label: [] for label in fns}
+    for _ in range(REPEATS):
+        for label, fn in fns.items():
+            times[label].append(compile_seconds(fn, args))
+    base = remat.measure(loss, *args)
+    rows = []
+    plain = statistics.median(times[next(iter(fns))])
+    for label, fn in fns.items():
+        m = remat.measure(fn, *args)
+        c = statistics.median(times[label])
+        rows.append([label, f"{c:.2f} ({c / plain:.2f}x)", f"{peak_of(m) / MIB:.2f}",
+                     f"+{m.flops / base.flops - 1:.2%}"])  # fmt: skip
+        print("  " + " | ".join(rows[-1]), flush=True)
+    return rows
+
+
+FORM_HEAD = ("form", "compile s of the step (x the plain scan's)", "compiled peak MiB",
+             "FLOPs over none")  # fmt: skip
 SOLVE_HEAD = ("budget", "uniform solve s", "uniform FLOPs", "per-layer solve s",
               "per-layer FLOPs")  # fmt: skip
 PLAN_HEAD = (
@@ -145,10 +193,11 @@ def run(kind: str) -> dict:
         jnp.asarray(vs_torch.init_inputs(kind, **sizes)),
     )
     print(f"== {kind}", flush=True)
+    form_rows = forms(loss, args)
     solve_rows, prep_u, prep_m = solves(loss, args)
     plan_rows, one = plans(loss, args)
     return dict(kind=kind, solve_rows=solve_rows, prep=(prep_u, prep_m), plan_rows=plan_rows,
-                one=one)  # fmt: skip
+                one=one, form_rows=form_rows)  # fmt: skip
 
 
 def section(results: list[dict], wall: float) -> str:
@@ -159,19 +208,24 @@ def section(results: list[dict], wall: float) -> str:
         f"Run {datetime.date.today().isoformat()} on {machine_line()}; {wall:.0f} s in all, "
         "measured under the load shown (other jobs share the 2 cores: compare the two columns "
         "of a row, measured side by side, not rows or runs). Reproduce with "
-        "`PYTHONPATH=src python benchmarks/perlayer_bench.py`.",
+        "`PYTHONPATH=src python benchmarks/perlayer_bench.py"
+        + ("" if BUDGETS == DEFAULT_BUDGETS else f" --budgets {','.join(BUDGETS)}")
+        + "`.",
         "",
         "The models of `benchmarks/vs_torch.py` (8 layers in one `lax.scan`). A per-layer "
-        "option mixes two points of the layer's Pareto front over the positions of a period "
-        "(2, 4 or 8 here; 8 is the whole stack, run without a loop); the front is found once "
-        "per program (the preparing time below), and each mix is one binary variable of the "
-        "integer program. A per-layer plan is planned after the uniform one (its rounds run "
-        "first, and the per-layer options compete only against the plan they verified), so "
-        "its compiles include the uniform plan's.",
+        "option gives c of the 8 layers one point of the layer's Pareto front and the others "
+        "another, and runs as two segments of the scan (one loop each, the stacked inputs "
+        "indexed whole); the front is found once per program (the preparing time below), and "
+        "each mix is one binary variable of the integer program. A per-layer plan is planned "
+        "after the uniform one (its rounds run first, and the per-layer options compete only "
+        "against the plan they verified), so its compiles include the uniform plan's.",
     ]
     for r in results:
         prep_u, prep_m = r["prep"]
         parts += ["", f"### {r['kind']}", "",
+                  "The forms, on the same save sets (the first point of the layer's front, "
+                  "which recomputes nothing, and its middle one):", "",
+                  markdown_table(FORM_HEAD, r["form_rows"]), "",
                   f"Tracing and the cost model: {prep_u:.2f} s uniform, {prep_m:.2f} s with "
                   f"the per-layer options (the Pareto front). One solve of the integer program, with the uniform options and with all:",
                   "", markdown_table(SOLVE_HEAD, r["solve_rows"]), "",
@@ -192,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = [run(kind) for kind in args.arch.split(",")]
     for r in results:
+        print_table(f"{r['kind']}: forms", FORM_HEAD, r["form_rows"])
         print_table(f"{r['kind']}: one solve", SOLVE_HEAD, r["solve_rows"])
         print_table(f"{r['kind']}: plans", PLAN_HEAD, r["plan_rows"])
     print(f"load average {os.getloadavg()}")

@@ -10,7 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from conftest import assert_tree_allclose, mlp_stack
 from remat._measure._peak import compiled_memory
-from remat._trace._periodic import periodic_loop, periods
+from remat._trace._periodic import periodic_loop, periods, runs
 from remat._trace._tag import ScanChoice, rewrite
 
 
@@ -52,8 +52,7 @@ def test_values_and_gradients_equal_the_plain_scan(pattern, reverse):
         carry, ys = periodic_loop(_named_body, pattern, (), [x], ws, 12, reverse)
         return jnp.sum(carry[0] ** 2) + jnp.sum(jnp.sin(ys[0]))
 
-    # One group (no loop): XLA fuses the unrolled layers differently, float32 rounding.
-    scale = 10 if len(pattern) == 12 else 1
+    scale = 1
     assert_tree_allclose(grouped(ws, x), plain(ws, x), scale=scale)
     assert_tree_allclose(
         jax.grad(grouped, (0, 1))(ws, x), jax.grad(plain, (0, 1))(ws, x), scale=scale
@@ -139,23 +138,28 @@ def test_rewrite_with_a_pattern_keeps_the_program_gradients():
     assert_tree_allclose(jax.grad(planned)(*args), jax.grad(loss)(*args))
 
 
-def test_one_group_keeps_k_of_l_layers_values_and_no_carry_copy():
-    """A pattern as long as the scan is one group without a loop: its first layer's input is
-    the initial carry itself (the scan stacks a copy of it), so with the same save set in
-    every layer the peak is below the uniform scan's by at least that carry; each layer that
-    recomputes instead of saving lowers it by about one saved value (3 of 8 saving: 5), its
-    recomputation held until its layer is differentiated (`ordered`)."""
+def test_segments_keep_k_of_l_layers_values_and_copy_nothing():
+    """A pattern as long as the scan runs as one scan per run of equal save sets, each
+    indexing the stacked parameters whole (`segments`). With the same set in every layer the
+    peak is within 12.2 KiB of the plain scan's, where a copy of the stacked parameters would
+    be 64 KiB and one stacked carry 32 KiB: nothing is copied. Each layer that recomputes
+    instead of saving lowers the peak by at least one saved value (a lone layer, whose loop
+    XLA removes, by a quarter more); two runs compile two loop bodies, forward and backward,
+    whatever the number of layers."""
     loss, args = mlp_stack(layers=8, d=16, batch=512)
     keep = ("remat_s0_e0",)
     one_value = 512 * 64 * 4  # batch x 4d, float32: the value each layer saves
-    carry = 512 * 16 * 4  # batch x d
     uniform = _peak(loss, args, ScanChoice(names=keep))
     same = _peak(loss, args, ScanChoice(names=keep, pattern=(keep,) * 8))
-    assert same <= uniform - carry, (uniform, same)
+    assert 0 <= same - uniform <= 12416, (uniform, same)
     for first in (1, 5):
         pattern = ((),) * first + (keep,) * (8 - first)
         fewer = same - _peak(loss, args, ScanChoice(names=keep, pattern=pattern))
-        assert abs(fewer - first * one_value) <= one_value // 2, (first, fewer)
+        assert (first - 0.01) * one_value <= fewer <= (first + 0.25) * one_value, (first, fewer)
+
+    step = jax.jit(jax.grad(rewrite(loss, {0: ScanChoice(names=keep, pattern=pattern)})))
+    hlo = step.lower(*args).compile().as_text()
+    assert hlo.count(" while(") == 4  # two runs, forward and backward
 
     from jax._src.ad_checkpoint import saved_residuals
 
@@ -165,6 +169,48 @@ def test_one_group_keeps_k_of_l_layers_values_and_no_carry_copy():
         return periodic_loop(_named_body, ((),) * 3 + (("up",),) * 5, (), [x], ws, 8)[0][0].sum()
 
     kept = [(aval.shape, where) for aval, where in saved_residuals(f, ws, x)]
-    assert sum(shape == (4, 16) for shape, _ in kept) == 5  # "up" in layers 3..7
-    assert sum(shape == (4, 8) for shape, _ in kept) == 8  # each layer's input carry
-    assert any(shape == (4, 8) and "argument" in where for shape, where in kept)  # x itself
+    assert [s for s, _ in kept if s[1:] == (4, 16)] == [(5, 4, 16)]  # "up" in layers 3..7
+    assert sorted(s for s, _ in kept if s[1:] == (4, 8)) == [(3, 4, 8), (5, 4, 8)]  # carries
+    stacks = [where for s, where in kept if s in ((8, 8, 16), (8, 16, 8))]
+    assert len(stacks) == 2 and all("argument" in w for w in stacks), kept  # not copied
+
+
+def test_runs_of_a_pattern():
+    assert runs([("a",)] * 3) == [(0, 3)]
+    assert runs([(), ("a",), ("a",), (), ()]) == [(0, 1), (1, 3), (3, 5)]
+
+
+def test_segments_take_integer_inputs_and_outputs():
+    """Integer scanned inputs and constants (per-layer indices, a shift) get no cotangent
+    (JAX's ``float0``), and stacked outputs of either kind come back in layer order, as
+    `jax.lax.scan` gives them, forward and reversed."""
+    ws, x = _inputs(layers=6)
+    shifts = jnp.arange(6, dtype=jnp.int32)
+
+    def body(consts, carry, xs):
+        (h,) = carry
+        (offset,) = consts
+        w1, w2, s = xs
+        u = checkpoint_name(h @ w1, "up")
+        h = h + jnp.tanh(jnp.roll(u, s + offset, axis=-1)) @ w2
+        return [h], [jnp.sum(h), s * 2]
+
+    def plain(ws, x, reverse):
+        def step(c, xs):
+            return body((jnp.int32(1),), c, xs)
+
+        (h,), (ys, ss) = jax.lax.scan(step, [x], [*ws, shifts], reverse=reverse)
+        return jnp.sum(h**2) + jnp.sum(jnp.sin(ys)), ss
+
+    def split(ws, x, reverse):
+        pattern = ((),) * 2 + (("up",),) * 3 + ((),)
+        (h,), (ys, ss) = periodic_loop(body, pattern, (jnp.int32(1),), [x], [*ws, shifts], 6,
+                                       reverse)  # fmt: skip
+        return jnp.sum(h**2) + jnp.sum(jnp.sin(ys)), ss
+
+    for reverse in (False, True):
+        (got, ss), grads = jax.value_and_grad(split, (0, 1), has_aux=True)(ws, x, reverse)
+        (want, ss0), grads0 = jax.value_and_grad(plain, (0, 1), has_aux=True)(ws, x, reverse)
+        assert_tree_allclose(got, want)
+        assert_tree_allclose(grads, grads0)
+        assert ss.dtype == jnp.int32 and (ss == ss0).all()

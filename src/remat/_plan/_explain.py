@@ -126,15 +126,15 @@ def plan_table(plan: Any) -> Group:
 
 
 def per_layer_code(plan: Any) -> str:
-    """What to paste for a per-layer plan: `remat.apply`, or a policy per position."""
-    g = max(len(getattr(s, "pattern", ())) for s in plan.scans)
-    return "\n".join([
-        "",
-        "Different layers of one scan save different sets: no one jax.checkpoint policy says",
-        "that (plan.policy raises). In your own step: remat.apply(loss_fn, plan); or scan over",
-        f"groups of {g} layers and checkpoint the k-th layer of each group with",
-        "    jax.checkpoint(layer, policy=plan.position_policy(k), prevent_cse=False)",
-    ])  # fmt: skip
+    """What to paste for a per-layer plan: `remat.apply`, or a policy per layer."""
+    from ._policy import how_to_run
+
+    return (
+        "\nDifferent layers of one scan save different sets: no one jax.checkpoint policy says "
+        "that (plan.policy raises). In your own step: remat.apply(loss_fn, plan); or "
+        + how_to_run(plan.scans).replace("`", "")
+        + "."
+    )
 
 
 def paste_code(plan: Any) -> str:

@@ -1,34 +1,39 @@
-"""Per-layer candidates: a scan's layers given two save sets that alternate with a period.
+"""Per-layer candidates: a scan's layers given two save sets, in two runs of layers.
 
 A uniform plan saves one set in every layer, so the memory it can reach comes in steps: the
 points of one layer's Pareto front (saved bytes against recomputed FLOPs), times the number of
-layers. Between two such points a per-layer plan gives ``c`` positions of every ``g`` the
-first set and the others the second: its bytes and FLOPs are the mix of the two points'
-(``c / g`` of one and the rest of the other), and the memory between the steps is reached at
-the FLOPs between them, as torch's per-node partitioner and torchtitan's "checkpoint every
-Nth layer" reach it.
+layers. Between two such points a per-layer plan gives ``c`` of the ``L`` layers the first set
+and the others the second: its bytes and FLOPs are the mix of the two points' (``c / L`` of
+one and the rest of the other), and the memory between the steps is reached at the FLOPs
+between them, as torch's per-node partitioner and torchtitan's "checkpoint every Nth layer"
+reach it.
 
 The front is found once per program, before any budget (`pareto_points`): the integer
 program of the scan's ``per_step`` option alone, solved for the fewest FLOPs below each
 point's memory in turn, with the calibrated weights. Each mix of two points is then one more
 `Option` of the scan, without nodes (`period_candidates`): its saved bytes and FLOPs are
-the positions' sums, its sliced bytes and transient memory the largest position's (the
-backward pass differentiates one position at a time), so a solve with per-layer options grows by a binary variable per mix, not by copies of the layer's
-graph. A uniform plan is never among the mixes (two different points each); the ``per_step``
-option keeps every save set reachable. A period equal to the scan's length is one group of
-all its layers, without a loop: it gives any number of layers saving one set (3 of 8), and
-it also offers each point alone at every layer (no stacked copy of the first layer's input).
+the layers' sums, its sliced bytes and transient memory the largest layer's (the backward
+pass differentiates one layer at a time), so a solve with per-layer options grows by a
+binary variable per mix, not by copies of the layer's graph. A uniform plan is never among
+the mixes (two different points each); the ``per_step`` option keeps every save set
+reachable.
+
+A mix runs as two segments of the scan (`remat._trace._periodic.segments`): a scan over the
+``L - c`` layers saving less, then one over the ``c`` others, each indexing the stacked
+inputs whole, so it compiles two loop bodies whatever ``L`` (a group of ``g`` layers per
+loop step, the other form `remat._trace._periodic` has, compiles ``g`` copies of the layer).
+Up to `MOST_COUNTS` counts ``c`` are offered per pair of points (every ``c`` for scans of up
+to 16 layers).
 
 The planner runs its rounds on the uniform options first and lets the per-layer ones compete
 only against the plan those verified (`remat._plan._rounds`), so a per-layer plan never
 recomputes more than the uniform plan at the same budget.
 
-What a group body keeps beyond this model (a position's parameter gradients live until the
-group's end) is charged to the option the first time one of its period on its scan is checked
-alone (`_alone.check_alone`), and from then on to the others of that period (`shared_extra`).
+What a mix's program keeps beyond this model is charged to the option the first time one of
+its scan's mixes is checked alone (`_alone.check_alone`), and from then on to the others
+(`shared_extra`).
 
-A decoded per-layer choice runs as `remat._trace._periodic.periodic_loop`; its `ScanPlan`
-records the save set of each position (``pattern``).
+A decoded per-layer choice records the save set of each layer (`ScanPlan.pattern`).
 """
 
 from __future__ import annotations
@@ -39,14 +44,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .._trace._periodic import Period, periods
+from .._trace._periodic import Period
 from ._costmodel import ScanModel
 from ._milp import Option, solve
 from ._options import Candidate
 
-# The largest period the planner offers: a group body holds this many copies of the layer,
-# and compile time grows with it (see `remat._trace._periodic`).
-PLANNED_PERIOD = 8
+# The most counts of layers saving the first set offered per pair of points of a scan's front
+# (every count below the length up to this many layers).
+MOST_COUNTS = 15
 
 # Points of a layer's Pareto front kept (the least memory first dropped beyond them): each pair
 # of points, mixed at each period, is one option.
@@ -123,54 +128,57 @@ def period_candidates(
     stored: float = 1.0,
     slice_: float = 1.0,
     weight: float = 1.0,
-    most: int = PLANNED_PERIOD,
+    most: int = MOST_COUNTS,
 ) -> list[Candidate]:
-    """The per-layer candidates of every scan (see the module docstring): for each period
-    ``g`` dividing its length (up to ``most``) and each pair of points of its front, ``c`` of
-    ``g`` positions saving the first set (``c`` prime to ``g``: other mixes are a shorter
-    period's), the others the second; the positions saving less come first (their
-    recomputation then runs last in the backward pass, when fewer saved values are live).
-    With ``g`` the scan's length (one group, no loop: `remat._trace._periodic`), also each
-    point alone at every position: the same save set without the scan, whose first layer's
-    input is the initial carry rather than a copy of it."""
+    """The per-layer candidates of every scan (see the module docstring): for each pair of
+    points of its front and each count ``c`` of layers (`counts`), the last ``c`` layers
+    saving the first set and the others the second (the layers saving less come first:
+    their recomputation then runs last in the backward pass, when fewer saved values are
+    live)."""
     out = []
     for k, model in enumerate(models):
-        gs = periods(model.length, most)
         uniform = next((c for c in cands if c.scan == k and c.schedule == "per_step"), None)
-        if not gs or uniform is None:
+        if model.length < 2 or uniform is None:
             continue
         points = pareto_points(uniform, model.length, stored, slice_, weight)
-        for g in gs:
-            steps = model.length // g
-            for a, b in itertools.combinations(points, 2):
-                for c in range(1, g):
-                    if math.gcd(c, g) != 1:
-                        continue
-                    out.append(_mix(k, g, steps, ((b, g - c), (a, c)), model))
-            if g == model.length:  # one group: each point as a form of its own
-                out += [_mix(k, g, 1, ((p, g),), model) for p in points]
+        for a, b in itertools.combinations(points, 2):
+            for c in counts(model.length, most):
+                out.append(_mix(k, model.length, ((b, model.length - c), (a, c)), model))
     return out
 
 
-def _mix(scan: int, g: int, steps: int, parts, model: ScanModel) -> Candidate:
-    """The candidate whose positions save ``parts``: ((point, positions), ...), in order."""
-    per_group = sum(p.step_bytes * n for p, n in parts)
+def counts(length: int, most: int = MOST_COUNTS) -> list[int]:
+    """The counts of layers saving the first set of a mix: each of 1..``length - 1``, or
+    ``most`` of them evenly spread over the scan.
+
+    Example:
+      >>> from remat._plan._perlayer import counts
+      >>> counts(8), counts(80, most=4)
+      ([1, 2, 3, 4, 5, 6, 7], [16, 32, 48, 64])
+    """
+    if length - 1 <= most:
+        return list(range(1, length))
+    return sorted({round(k * length / (most + 1)) for k in range(1, most + 1)})
+
+
+def _mix(scan: int, length: int, parts, model: ScanModel) -> Candidate:
+    """The candidate whose layers save ``parts``: ((point, layers), ...), in order."""
     once = {i for p, _ in parts for i in p.saved if model.values[i].invariant}
     option = Option(
         group=scan,
-        bytes=steps * per_group + sum(model.values[i].bytes for i in once),
-        flops=steps * sum(p.flops * n for p, n in parts),
+        bytes=sum(p.step_bytes * n for p, n in parts) + sum(model.values[i].bytes for i in once),
+        flops=sum(p.flops * n for p, n in parts),
         transient=max(p.transient for p, _ in parts),
         sliced=max(p.step_bytes for p, _ in parts),
     )
     pattern = tuple(p.saved for p, n in parts for _ in range(n))
-    return Candidate(scan, Period(g), option, (), False, pattern)
+    return Candidate(scan, Period(length), option, (), False, pattern)
 
 
 def shared_extra(cands: Sequence[Candidate], extra: dict[int, float], o: int) -> float | None:
     """What a per-layer option ``o`` not yet checked alone is charged beyond the model: the
-    mean of the charges measured on the other options of its scan and period (the group
-    body's own memory, see the module docstring), or None."""
+    mean of the charges measured on the other mixes of its scan (see the module docstring),
+    or None."""
     cand = cands[o]
     if not cand.pattern:
         return None

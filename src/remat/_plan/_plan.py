@@ -101,14 +101,14 @@ def plan(
         save set per scan); each is compiled once to calibrate what it keeps. A `Binomial`
         step saves all its residuals while it is reversed; below the memory of recomputing
         every step, only these schedules fit.
-      per_layer: also consider mixes of two save sets over the layers of a scan, repeating
-        with a period of up to 8 layers that divides its length (the whole scan, unrolled,
-        when it has at most 8: any number of its layers saving one set;
-        `Plan.position_policy`; `remat._plan._perlayer`). They compete only against the
-        uniform plan verified first, so they never recompute more. Off by default: a
-        per-layer scan differentiates in reverse mode only (see
-        `remat._trace._periodic.ordered`) and its step compiles slower (5.6-7.2x the
-        uniform step for 8 layers unrolled, `benchmarks/perlayer_bench.py`).
+      per_layer: also consider mixes of two save sets over the layers of a scan: ``c`` of
+        its ``L`` layers saving one set and the others another, for every ``c`` (15 counts
+        spread over the scan beyond 16 layers), run as two segments of the scan, one loop
+        each (`Plan.position_policy`; `remat._plan._perlayer`,
+        `remat._trace._periodic.segments`). They compete only against the uniform plan
+        verified first, so they never recompute more. Off by default: a per-layer scan
+        differentiates in reverse mode only (its custom VJP), its step compiles two loop
+        bodies instead of one, and planning with it takes longer (`benchmarks/perlayer_bench.py`).
       max_rounds: the most solve-and-measure rounds.
       device_memory: the device's memory in bytes; a budget above it is refused. ``None``
         reads it from the backend (``memory_stats()['bytes_limit']``) where it says (GPU,

@@ -18,7 +18,8 @@ Scans the plan runs with a `remat.Nested` or `remat.Binomial` schedule are not d
 a policy (the schedule is the loop, not what a step saves); their values are left out, and
 `Plan.explain` says to run such a scan with `remat.scan(..., schedule=...)`. A per-layer plan
 (different save sets in different layers of one scan) is not one policy either: `Plan.policy`
-raises, and `Plan.position_policy(k)` is the policy of the ``k``-th layer of each group.
+raises, and `Plan.position_policy(k)` is the policy of layer ``k`` (of the ``k``-th layer of
+each group, for a pattern shorter than the scan).
 """
 
 from __future__ import annotations
@@ -62,10 +63,32 @@ class PlanPolicy:
 _PER_LAYER = (
     "`Plan.policy` cannot express this plan as one `jax.checkpoint` policy: {scans} a "
     "different set in different layers ({lines}), and a policy saves the same values at every "
-    "step. Apply the plan to your own step with `remat.apply(loss_fn, plan)`; or run your scan "
-    "over groups of {g} layers and checkpoint the k-th layer of each group with "
-    "`jax.checkpoint(layer, policy=plan.position_policy(k), prevent_cse=False)`."
+    "step. Apply the plan to your own step with `remat.apply(loss_fn, plan)`; or {how}."
 )
+
+
+def how_to_run(scans: Any) -> str:
+    """How to run a per-layer plan's scans by hand: a scan per run of layers saving the same
+    set (a pattern as long as the scan), or over groups of ``g`` layers (a period ``g``)."""
+    patterned = [s for s in scans if getattr(s, "pattern", ())]
+    if all(len(s.pattern) == s.length for s in patterned):
+        from .._trace._periodic import runs
+
+        spans = "; ".join(
+            ", ".join(f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in runs(s.pattern))
+            for s in patterned
+        )
+        return (
+            f"run each run of layers saving the same set ({spans}) as a scan of its own over "
+            "its layers' indices (index the stacked parameters inside the layer), and "
+            "checkpoint layer k with "
+            "`jax.checkpoint(layer, policy=plan.position_policy(k), prevent_cse=False)`"
+        )
+    g = len(patterned[0].pattern)
+    return (
+        f"run your scan over groups of {g} layers and checkpoint the k-th layer of each group "
+        "with `jax.checkpoint(layer, policy=plan.position_policy(k), prevent_cse=False)`"
+    )
 
 
 def plan_policy(scans: Any, position: int | None = None) -> PlanPolicy:
@@ -82,9 +105,7 @@ def plan_policy(scans: Any, position: int | None = None) -> PlanPolicy:
         lines = "; ".join(line for s in patterned for line in describe(s.pattern, s.length))
         where = ", ".join(str(s.position) for s in patterned)
         raise ValueError(
-            _PER_LAYER.format(
-                scans=f"scan(s) {where} save", lines=lines, g=len(patterned[0].pattern)
-            )
+            _PER_LAYER.format(scans=f"scan(s) {where} save", lines=lines, how=how_to_run(scans))
         )
     names: set[str] = set()
     operations: set[tuple[str, tuple[str, ...]]] = set()

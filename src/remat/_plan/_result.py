@@ -220,9 +220,10 @@ class Plan:
         return plan_policy(self.scans)
 
     def position_policy(self, k: int) -> Any:
-        """The policy of the ``k``-th layer of each group in a per-layer plan (layers ``i``
-        with ``i % g == k`` for the period ``g``), for a scan over groups of ``g`` layers that
-        checkpoints each layer on its own; in a uniform plan, the same as `policy`.
+        """The policy of layer ``k`` in a per-layer plan whose pattern is as long as the scan
+        (and of the ``k``-th layer of each group, layers ``i`` with ``i % g == k``, in one of
+        period ``g``), to checkpoint each layer on its own; in a uniform plan, the same as
+        `policy`.
 
         Raises:
           ValueError: if ``k`` is not an int of at least 0.

@@ -91,9 +91,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 reference = prep.baseline.flops + choice.flops
                 break  # something cheaper still, higher up?
             if not any(s.pattern for s in choice.choices.values()):
-                # A per-layer candidate over the budget bounds nothing: its group body keeps
-                # more than a uniform plan's step, so a uniform plan that recomputes less
-                # may still fit.
+                # A per-layer candidate over the budget bounds nothing: its program keeps
+                # more than a uniform plan's (two loops, each with its own working set), so
+                # a uniform plan that recomputes less may still fit.
                 above = solution.recompute_flops
                 # ... and steps the model back by its excess: the next candidate the model
                 # puts less than that under this one would be over too.

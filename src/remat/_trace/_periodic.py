@@ -10,29 +10,34 @@ until the group is differentiated), the same at any ``L``: `tests/_trace/test_pe
 checks it. The positions of a group are made to recompute one at a time (`ordered`). This
 is torchtitan's "checkpoint every Nth block" generalised to any save set per position.
 
-``g`` divides ``L``. With ``g = L`` there is one group and no loop (XLA would remove a
-one-step loop anyway): the layers run one after another, each checkpointed, and `ordered`
-keeps each recomputation until its layer is differentiated, so the checkpoints hold without
-a loop. Any ``k`` of ``L`` layers can then save one set and the others another (3 of 8, 7 of
-8, which no shorter period gives), and the first layer's input is the scan's initial carry
-itself, not a copy in a stacked residual. Measured on the MLP stack of
-`benchmarks/vs_torch.py` (8 layers, the up-projection saved or not, compiled peaks): every
-layer saving it 36.02 MiB as a scan, 35.56 MiB as one group; the first layer recomputing
-33.56 MiB, the last one recomputing 37.02 MiB (its recomputation runs first in the backward
-pass, while every saved value is live): the positions with less saved come first.
+``g`` divides ``L``. With ``g = L`` (a save set per layer) the layers run as segments
+(`segments`): one scan per run of consecutive layers saving the same set, each over its
+layers' indices, the stacked inputs passed whole and indexed inside each layer's checkpoint
+(so nothing is sliced or copied, and each scan stores only its own layers' values). Any
+``k`` of ``L`` layers can then save one set and the others another (3 of 8, 7 of 8, which no
+shorter period gives), with one loop body per run, not one per layer: on the GPT of
+`benchmarks/vs_torch.py` (8 layers, 5 saving one set and 3 another) the step compiled in
+1.50x the plain scan's time, groups of 2 layers in 1.52x (`benchmarks/perlayer_bench.py`
+compares the forms, under load). With the same set in every layer the peak is the plain
+scan's within 12.2 KiB on the tests' MLP stack, whose parameter stack is 64 KiB
+(`tests/_trace/test_periodic.py`), and 1.02 MiB over it on that GPT with every value its
+backward pass needs saved (84.18 against 83.16 MiB): read with `remat.memory`, the backward
+loop's slices of one layer's parameters (0.50 MiB, which the plain scan fuses into their
+consumers) and two recomputed 0.50 MiB values live at the peak where the plain scan has one. The positions saving less come first: their
+recomputation runs last in the backward pass, when fewer saved values are live.
 
-The other forms measured copy or keep more: a remainder scan over the last ``L mod g`` layers
-needs the stacked inputs sliced into two arrays (a copy of each parameter stack: 7.8 MiB on
-the demo GPT), and choosing the save set inside one scan step with `jax.lax.switch` on the
-layer index keeps the residuals of every branch at every step (JAX's ``cond`` saves the union
-of its branches' residuals).
+The other forms measured copy or keep more: a remainder scan over the last ``L mod g``
+layers scanning slices of the stacked inputs needs each parameter stack sliced into two
+arrays (a copy of each: 7.8 MiB on the demo GPT; `segments` indexes the whole stack
+instead), and choosing the save set inside one scan step with `jax.lax.switch` on the
+layer index keeps the residuals of every branch at every step (JAX's ``cond`` saves the
+union of its branches' residuals).
 
-The body holds ``g`` copies of the layer, so compile time grows with ``g``: periods stop at
-`MAX_PERIOD` (the planner offers the same, `remat._plan._perlayer.PLANNED_PERIOD`); the
-step of a one-group form of 8 layers compiled in 5.6-7.2x the time of the uniform scan's
-(`benchmarks/perlayer_bench.py`). The
-positions' custom VJP (`ordered`) supports reverse-mode differentiation only, as a
-checkpointed training step needs.
+A group body of a shorter period holds ``g`` copies of the layer, so its compile time grows
+with ``g``: periods stop at `MAX_PERIOD`. The planner offers segments only
+(`remat._plan._perlayer`); shorter periods run the patterns a plan file or a user gives. The
+positions' custom VJP of a group (`ordered`) supports reverse-mode differentiation only, as
+a checkpointed training step needs.
 """
 
 from __future__ import annotations
@@ -103,17 +108,25 @@ def ordered(step: Callable[..., Any]) -> Callable[..., Any]:
 
     def bwd(vjp, ct):
         leaves, tree = jax.tree.flatten(vjp)
-        floats = [c for c in jax.tree.leaves(ct) if _floating(c) and c.size]
-        if floats:
-            zero = 0 * jnp.minimum(jnp.abs(floats[0].ravel()[0]), 1)
-            leaves = [
-                x if param or not _floating(x) else x + zero.astype(x.dtype)
-                for x, param in zip(leaves, inputs["params"], strict=True)
-            ]
+        leaves = _after(leaves, [not param for param in inputs["params"]], ct)
         return jax.tree.unflatten(tree, leaves)(ct)
 
     run.defvjp(fwd, bwd)
     return run
+
+
+def _after(leaves: list[Any], which: Sequence[bool], ct: Any) -> list[Any]:
+    """``leaves``, those marked in ``which`` made to depend on the cotangent ``ct`` (plus zero
+    times a bounded scalar of it, which XLA does not fold), so nothing computed from them
+    runs before ``ct`` is."""
+    floats = [c for c in jax.tree.leaves(ct) if _floating(c) and c.size]
+    if not floats:
+        return leaves
+    zero = 0 * jnp.minimum(jnp.abs(floats[0].ravel()[0]), 1)
+    return [
+        x + zero.astype(x.dtype) if tie and _floating(x) else x
+        for x, tie in zip(leaves, which, strict=True)
+    ]
 
 
 def _floating(x: Any) -> bool:
@@ -175,8 +188,142 @@ def periodic_loop(
         ys = [jnp.stack([outs[k][j] for k in range(g)]) for j in range(len(outs[0]))]
         return carry, ys
 
-    if g == length:  # one group: no loop (XLA removes a one-step loop)
-        carry, ys = group(list(init), list(xs))
-        return list(carry), list(ys)
+    if g == length:  # a save set per layer: a scan per run of equal sets
+        return segments(body, pattern, consts, init, xs, reverse)
     carry, ys = jax.lax.scan(group, list(init), grouped, length=length // g, reverse=reverse)
     return list(carry), [jnp.reshape(y, (length, *y.shape[2:])) for y in ys]
+
+
+def runs(pattern: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` of each run of consecutive positions saving the same names.
+
+    Example:
+      >>> from remat._trace._periodic import runs
+      >>> runs([(), (), ("a",), ("a",), ("a",), ()])
+      [(0, 2), (2, 5), (5, 6)]
+    """
+    out: list[tuple[int, int]] = []
+    for i, names in enumerate(pattern):
+        if out and tuple(pattern[out[-1][0]]) == tuple(names):
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def segments(
+    body: Body, pattern: Sequence[Sequence[str]], consts, init, xs, reverse: bool = False
+) -> tuple[list[Any], list[Any]]:
+    """`periodic_loop` with a save set per layer (as many as the scan's steps): a
+    `jax.lax.scan` over the indices of each run of equal sets (`runs`), the layer
+    checkpointed to save that run's names.
+
+    Its custom VJP keeps, per run, the stacked values its layers save and their input
+    carries; the stacked ``xs`` are kept whole, and each layer's slice of them is taken
+    again in the backward pass (a slice kept would be a stacked copy of the parameters).
+    The backward loops thread one gradient buffer of ``xs`` through all runs, each layer
+    adding its slice in place (differentiating an indexed slice directly gives each loop a
+    gradient of the whole stack of its own). Reverse-mode only, as `ordered`.
+    """
+    spans = runs(pattern)
+    policy = dict(zip(map(tuple, pattern), policies(pattern), strict=True))
+    layers = [
+        jax.checkpoint(
+            lambda carry, consts, x: body(consts, carry, x),
+            policy=policy[tuple(pattern[start])],
+            # XLA removes a loop of one step, and its CSE would then merge the layer's
+            # recomputation with its forward pass (saving what the policy does not).
+            prevent_cse=stop - start == 1,
+        )
+        for start, stop in spans
+    ]
+    order = list(reversed(range(len(spans)))) if reverse else list(range(len(spans)))
+    meta: dict[int, Any] = {}  # per run: the VJP's tree and where each of its leaves comes from
+
+    def forward(consts, init, xs, keep):
+        carry, parts, kept = list(init), {}, {}
+        for r in order:
+
+            def step(carry, i, r=r):
+                x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
+                if not keep:
+                    new, ys = layers[r](list(carry), consts, x)
+                    return list(new), (list(ys), [])
+                (new, ys), vjp = jax.vjp(layers[r], list(carry), list(consts), x)
+                leaves, tree = jax.tree.flatten(vjp)
+                where = {id(v): ("const", k) for k, v in enumerate(consts)}
+                where.update({id(v): ("x", k) for k, v in enumerate(x)})
+                origin = [where.get(id(v), ("saved", None)) for v in leaves]
+                meta[r] = (tree, origin)
+                saved = [v for v, (kind, _) in zip(leaves, origin, strict=True) if kind == "saved"]
+                return list(new), (list(ys), saved)
+
+            start, stop = spans[r]
+            carry, (parts[r], kept[r]) = jax.lax.scan(
+                step, carry, jnp.arange(start, stop), reverse=reverse
+            )
+        ys = [
+            jnp.concatenate([parts[r][j] for r in range(len(spans))]) for j in range(len(parts[0]))
+        ]
+        return (list(carry), ys), kept
+
+    @jax.custom_vjp
+    def run(consts, init, xs):
+        return forward(consts, init, xs, keep=False)[0]
+
+    def fwd(consts, init, xs):
+        out, kept = forward(consts, init, xs, keep=True)
+        return out, (consts, xs, kept)
+
+    def bwd(residuals, ct):
+        consts, xs, kept = residuals
+        ct_carry, ct_ys = ct
+        grads = [jnp.zeros_like(c) if _floating(c) else None for c in consts]
+        xgrads = [jnp.zeros_like(x) if _floating(x) else None for x in xs]
+        for r in reversed(order):
+            start, stop = spans[r]
+            tree, origin = meta[r]
+
+            def back(state, inp, r=r, tree=tree, origin=origin, start=start, stop=stop):
+                ct_c, grads, xgrads = state
+                i, saved, ct_y = inp
+                x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
+                it = iter(saved)
+                leaves = [next(it) if kind == "saved" else (consts if kind == "const" else x)[k]
+                          for kind, k in origin]  # fmt: skip
+                if stop - start == 1:  # no loop (see `layers`): recompute once ``ct`` is here
+                    leaves = _after(leaves, [kind != "const" for kind, _ in origin], ct_c)
+                vjp = jax.tree.unflatten(tree, leaves)
+                d_c, d_consts, d_x = vjp((list(ct_c), list(ct_y)))
+                grads = [g if g is None else g + d for g, d in zip(grads, d_consts, strict=True)]
+                xgrads = [
+                    g if g is None else jax.lax.dynamic_update_index_in_dim(
+                        g, jax.lax.dynamic_index_in_dim(g, i, keepdims=False) + d, i, 0
+                    )
+                    for g, d in zip(xgrads, d_x, strict=True)
+                ]  # fmt: skip
+                return (list(d_c), grads, xgrads), None
+
+            ct_y = [y[start:stop] for y in ct_ys]
+            (ct_carry, grads, xgrads), _ = jax.lax.scan(
+                back,
+                (list(ct_carry), grads, xgrads),
+                (jnp.arange(start, stop), kept[r], ct_y),
+                reverse=not reverse,
+            )
+        return (
+            [_zero_cotangent(c) if g is None else g for c, g in zip(consts, grads, strict=True)],
+            list(ct_carry),
+            [_zero_cotangent(x) if g is None else g for x, g in zip(xs, xgrads, strict=True)],
+        )
+
+    run.defvjp(fwd, bwd)
+    carry, ys = run(list(consts), list(init), list(xs))
+    return list(carry), list(ys)
+
+
+def _zero_cotangent(x: Any) -> Any:
+    """The cotangent of a non-differentiable (integer) input: zeros of JAX's ``float0``."""
+    import numpy as np
+
+    return np.zeros(np.shape(x), dtype=jax.dtypes.float0)
