@@ -43,6 +43,7 @@ from jax.sharding import NamedSharding
 
 import remat
 from bench_common import BENCH_MD, machine_line, markdown_table, print_table, replace_section
+from remat._measure._hbm import compile_measured
 from remat._measure._hlo import hlo_flops
 from remat._measure._peak import compiled_memory
 from remat._measure._step import lower_step
@@ -124,7 +125,7 @@ def compile_preset(name: str, sizes: dict, target: remat.Target, parallelism: st
     loss, args = placed(PRESETS[name], sizes, target, parallelism)
     start = time.perf_counter()
     try:
-        compiled = lower_step(loss, args, 0).compile()
+        compiled = compile_measured(lower_step(loss, args, 0))
     except Exception as err:  # the TPU compiler's out-of-memory refusal
         found = _OOM.search(str(err))
         if found is None:

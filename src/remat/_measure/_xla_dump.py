@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ._hbm import record
+
 _NO_DUMP = (
     "`remat.memory`: XLA wrote no buffer assignment into its dump folder ({folder}: {files}); "
     "the backend {backend!r} may not support `xla_dump_to`. Use `remat.measure` for the peak."
@@ -319,6 +321,7 @@ def compile_with_dump(lowered: Any, options: dict[str, Any] | None = None) -> tu
     try:
         with _no_persistent_cache():
             compiled = lowered.compile({**(options or {}), "xla_dump_to": folder})
+        record(compiled, folder)  # a TPU program's HBM, for the peak (`remat._measure._hbm`)
         return compiled, read_dump(folder, jax.default_backend())
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from .._measure._hbm import compile_measured
 from .._measure._measurement import Measurement
 from .._measure._step import ANALYSIS_OPTIONS, argnums_of, as_step, loss_of, lower_step
 
@@ -70,7 +71,7 @@ def compile_lowered(lowered: Any, kind: str, read: Callable[[Any], Any] | None =
     ``(compiled, read(dump))`` returned (``read`` takes a `remat._measure._xla_dump.Dump`)."""
     start = time.perf_counter()
     if read is None:
-        compiled = lowered.compile(COMPILER_OPTIONS)
+        compiled = compile_measured(lowered, COMPILER_OPTIONS)
     else:
         from .._measure._xla_dump import compile_with_dump
 
