@@ -5,10 +5,13 @@ allocations in memory space 0). Its memory analysis gives ``temp + argument + ou
 alias`` (remat's TPU rule before it read the buffer assignment) and ``peak_memory_in_bytes``;
 this script compiles Llama-3-8B steps of a few layers with FSDP on a v5e-16, as
 `benchmarks/tpu_bench.py` compiles the full 32 (same widths, one sequence of 4096 tokens per
-chip), and prints the three figures per chip (docs/tpu.md quotes them).
+chip), and prints the three figures per chip (docs/tpu.md quotes them). ``--mlp`` compiles
+a scanned bf16 MLP (8 layers, 16384 tokens split over a v5e 2x2, 1024 -> 4096) data
+parallel and with its weights sharded (FSDP), as written and checkpointed, instead.
 
 Usage (needs libtpu: ``pip install 'remat[tpu]'``):
   PYTHONPATH=src python benchmarks/tpu_hbm.py [--layers 2 4] [--presets save_qkv_proj]
+  PYTHONPATH=src python benchmarks/tpu_hbm.py --mlp
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import remat
 from remat._measure._hbm import compile_measured
@@ -25,13 +33,62 @@ from remat._models._maxtext import PRESETS
 from tpu_bench import LLAMA_8B, placed
 
 GIB = 2.0**30
+MIB = 2.0**20
+
+
+def figures(compiled) -> tuple[int, int, int, str]:
+    """``(temp + argument + output - alias, peak_memory_in_bytes, remat's peak, its source)``."""
+    m = compiled_memory(compiled)
+    parts = m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
+    return parts, compiled.memory_analysis().peak_memory_in_bytes, m.peak_bytes, m.peak_source
+
+
+def mlp() -> None:
+    """The scanned MLP on a v5e 2x2, data parallel and FSDP, as written / `dots` / `full`."""
+    mesh = remat.parse_target("tpu:v5e:2x2").mesh()
+
+    def body(h, w):
+        return h + jnp.tanh(h @ w[0]) @ w[1], None
+
+    def loss_of(policy):
+        step = body if policy is None else jax.checkpoint(body, policy=policy)
+
+        def loss(p, x):
+            h, _ = jax.lax.scan(step, x, p)
+            return jnp.mean(h.astype(jnp.float32) ** 2)
+
+        return loss
+
+    def on(shape, spec):
+        return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+
+    policies = {"as written": None, "dots": jax.checkpoint_policies.dots_saveable,
+                "full": jax.checkpoint_policies.nothing_saveable}  # fmt: skip
+    print("placement, step: temp + argument + output - alias | peak_memory_in_bytes | "
+          "HBM of the buffer assignment (MiB per chip)")  # fmt: skip
+    x = on((16384, 1024), P("fsdp"))
+    for placement in ("data", "fsdp"):
+        fsdp = placement == "fsdp"
+        ws = (on((8, 1024, 4096), P(None, "fsdp") if fsdp else P()),
+              on((8, 4096, 1024), P(None, None, "fsdp") if fsdp else P()))  # fmt: skip
+        for name, policy in policies.items():
+            parts, backend, peak, source = figures(
+                compile_measured(lower_step(loss_of(policy), (ws, x), 0))
+            )
+            print(f"{placement}, {name}: {parts / MIB:.2f} | {backend / MIB:.2f} | "
+                  f"{peak / MIB:.2f} ({source})", flush=True)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--presets", nargs="+", default=["save_qkv_proj"])
+    parser.add_argument("--mlp", action="store_true", help="the scanned MLP on a v5e 2x2")
     opts = parser.parse_args()
+    if opts.mlp:
+        mlp()
+        print("load average (1/5/15 min): " + " / ".join(f"{x:.1f}" for x in os.getloadavg()))
+        return
     target = remat.parse_target("tpu:v5e-16")
     print("layers, preset: temp + argument + output - alias | peak_memory_in_bytes | "
           "HBM of the buffer assignment (GiB per chip), compile s", flush=True)  # fmt: skip
@@ -42,11 +99,9 @@ def main() -> None:
             start = time.perf_counter()
             compiled = compile_measured(lower_step(loss, args, 0))
             seconds = time.perf_counter() - start
-            m = compiled_memory(compiled)
-            parts = m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
-            backend = compiled.memory_analysis().peak_memory_in_bytes
+            parts, backend, peak, source = figures(compiled)
             print(f"{layers:3d}, {preset}: {parts / GIB:.3f} | {backend / GIB:.3f} | "
-                  f"{m.peak_bytes / GIB:.3f} ({m.peak_source}), {seconds:.0f} s", flush=True)  # fmt: skip
+                  f"{peak / GIB:.3f} ({source}), {seconds:.0f} s", flush=True)  # fmt: skip
     print("load average (1/5/15 min): " + " / ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 
