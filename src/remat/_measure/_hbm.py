@@ -1,11 +1,10 @@
 """The HBM a TPU program allocates, read from the TPU compiler's own buffer assignment.
 
 XLA's memory analysis of a TPU program does not give it. Its ``temp_size_in_bytes`` counts
-values that memory-space assignment then keeps in on-chip VMEM, or that share HBM with
-others, so ``temp + argument + output - alias`` is above the HBM the program allocates: by
-0.24 MiB to tens of MiB on scanned MLPs, by 0.79 GiB on a 2-layer Llama-3-8B step with FSDP
-and ~4 GiB at 32 layers (docs/tpu.md); and its ``peak_memory_in_bytes`` adds VMEM in on some
-programs and is below the HBM on others. The buffer assignment XLA writes when asked to dump
+bytes that no allocation of the buffer assignment holds, so ``temp + argument + output -
+alias`` is above the HBM the program allocates: by 0.2-64 MiB on scanned MLPs, by 0.79 GiB
+on a 2-layer Llama-3-8B step with FSDP and at least 3.84 GiB at 32 layers (docs/tpu.md); and
+its ``peak_memory_in_bytes`` adds VMEM in on some programs and is below the HBM on others. The buffer assignment XLA writes when asked to dump
 (``xla_dump_to``) has the allocations themselves, each with its memory space ("color"):
 memory space 0 is HBM, and the compiler's capacity check ("Ran out of memory on HBM") is
 made on those allocations.

@@ -21,9 +21,9 @@ Which figure, per backend:
   what the compiler checks against the chip ("Ran out of memory on HBM"): a program whose
   ``temp + argument + output - alias`` is 16139 MiB compiles on a v5e (16128 MiB for a
   program) with 16107 MiB of HBM in its buffer assignment. Neither figure of XLA's memory
-  analysis is the HBM. ``temp_size_in_bytes`` counts values that memory-space assignment
-  keeps in on-chip VMEM or in HBM shared with others, so the sum is above the HBM: by
-  0.24-96 MiB on scanned MLPs (more with FSDP's all-gathers) and by 0.79 GiB on a 2-layer
+  analysis is the HBM. ``temp_size_in_bytes`` counts bytes that no allocation of the buffer
+  assignment holds, so the sum is above the HBM: by
+  0.2-64 MiB on scanned MLPs over four chips and by 0.79 GiB on a 2-layer
   Llama-3-8B step with FSDP on a v5e-16, 0.98 GiB at 4 layers, at least 3.84 GiB at 32 (a
   program the compiler accepts at 19.59 GiB by the sum). ``peak_memory_in_bytes`` adds the
   VMEM (128 MiB on a v5e) in on some programs (a checkpointed loop: 212 MiB against 144 MiB
