@@ -16,16 +16,50 @@ peak rule (`remat._measure._peak`) takes that figure where it is recorded.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import tempfile
+import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(.*):$", re.M)
 _COLOR = re.compile(r"\bcolor (\d+)\b")
 _HBM: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+_CACHE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def no_persistent_cache() -> Iterator[None]:
+    """Compiles inside skip JAX's persistent compilation cache: its key leaves
+    ``xla_dump_to`` out, so a program compiled before (in this process or an earlier one)
+    would come from the cache and XLA would write no dump. JAX decides once per process
+    whether the cache is used (``jax._src.compilation_cache``); that decision is set aside
+    for the compile and restored after it (where this JAX has it)."""
+    try:
+        from jax._src import compilation_cache as cache
+    except ImportError:  # pragma: no cover - another JAX layout
+        yield
+        return
+    enabled = getattr(cache, "_is_cache_enabled", None)
+    if enabled is not None and not enabled():  # no cache: nothing to set aside, no lock
+        yield
+        return
+    with _CACHE_LOCK:
+        if not hasattr(cache, "_cache_checked") or not hasattr(cache, "_cache_used"):
+            yield  # pragma: no cover - another JAX layout
+            return
+        saved = (cache._cache_checked, cache._cache_used)
+        cache._cache_checked, cache._cache_used = True, False
+        try:
+            yield
+        finally:
+            cache._cache_checked, cache._cache_used = saved
 
 
 def hbm_of_buffer_assignment(text: str) -> int:
@@ -101,11 +135,9 @@ def compile_measured(lowered: Any, options: dict[str, Any] | None = None) -> Any
     """
     if lowered_platform(lowered) != "tpu" or "xla_dump_to" in (options or {}):
         return lowered.compile(options)
-    from ._xla_dump import _no_persistent_cache
-
     folder = tempfile.mkdtemp(prefix="remat-hbm-")
     try:
-        with _no_persistent_cache():
+        with no_persistent_cache():
             compiled = lowered.compile({**(options or {}), "xla_dump_to": folder})
         record(compiled, folder)
         return compiled
