@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 import remat
 from remat._measure._hbm import compile_measured
+from remat._measure._hlo import hlo_flops
 from remat._measure._peak import compiled_memory
 from remat._measure._step import lower_step
 from remat._models._maxtext import PRESETS
@@ -91,7 +92,8 @@ def main() -> None:
         return
     target = remat.parse_target("tpu:v5e-16")
     print("layers, preset: temp + argument + output - alias | peak_memory_in_bytes | "
-          "HBM of the buffer assignment (GiB per chip), compile s", flush=True)  # fmt: skip
+          "HBM of the buffer assignment (GiB per chip), TFLOP per chip, compile s",
+          flush=True)  # fmt: skip
     for layers in opts.layers:
         for preset in opts.presets:
             sizes = {**LLAMA_8B, "layers": layers, "batch": 16, "seq": 4096}
@@ -100,8 +102,10 @@ def main() -> None:
             compiled = compile_measured(lower_step(loss, args, 0))
             seconds = time.perf_counter() - start
             parts, backend, peak, source = figures(compiled)
+            flops = hlo_flops(compiled.as_text())
             print(f"{layers:3d}, {preset}: {parts / GIB:.3f} | {backend / GIB:.3f} | "
-                  f"{peak / GIB:.3f} ({source}), {seconds:.0f} s", flush=True)  # fmt: skip
+                  f"{peak / GIB:.3f} ({source}), {flops / 1e12:.2f}, {seconds:.0f} s",
+                  flush=True)  # fmt: skip
     print("load average (1/5/15 min): " + " / ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 
