@@ -9,15 +9,20 @@ chip), and prints the three figures per chip (docs/tpu.md quotes them). ``--mlp`
 a scanned bf16 MLP (8 layers, 16384 tokens split over a v5e 2x2, 1024 -> 4096) data
 parallel and with its weights sharded (FSDP), as written and checkpointed, instead.
 
+``--by-op`` adds each step's matmul FLOPs per chip by the JAX operation they come from (the
+HLO's ``op_name``; a matmul the compiler repeats keeps its name).
+
 Usage (needs libtpu: ``pip install 'remat[tpu]'``):
-  PYTHONPATH=src python benchmarks/tpu_hbm.py [--layers 2 4] [--presets save_qkv_proj]
+  PYTHONPATH=src python benchmarks/tpu_hbm.py [--layers 2 4] [--presets save_qkv_proj] [--by-op]
   PYTHONPATH=src python benchmarks/tpu_hbm.py --mlp
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import time
 
 import jax
@@ -26,6 +31,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import remat
+from remat._measure import _hlo
 from remat._measure._hbm import compile_measured
 from remat._measure._hlo import hlo_flops
 from remat._measure._peak import compiled_memory
@@ -42,6 +48,42 @@ def figures(compiled) -> tuple[int, int, int, str]:
     m = compiled_memory(compiled)
     parts = m.temp_bytes + m.argument_bytes + m.output_bytes - m.alias_bytes
     return parts, compiled.memory_analysis().peak_memory_in_bytes, m.peak_bytes, m.peak_source
+
+
+def flops_by_op(text: str) -> collections.Counter:
+    """Matmul FLOPs of an optimised HLO module per ``op_name``, loop bodies times their trips
+    (`remat._measure._hlo`'s count, split by the operation each matmul comes from)."""
+    counter = _hlo._Counter(text)
+    memo: dict[str, collections.Counter] = {}
+
+    def walk(comp: str) -> collections.Counter:
+        if comp in memo:
+            return memo[comp]
+        out: collections.Counter = collections.Counter()
+        shapes = counter.shapes.get(comp, {})
+        for ins in counter.comps.get(comp, []):
+            name = re.search(r'op_name="([^"]*)"', ins.attrs)
+            name = re.sub(r"^jit\([^)]*\)/|/(dot_general|conv[^/]*)$", "", name[1] if name else "?")
+            if ins.opcode == "dot" and ins.operands:
+                contracting = _hlo._int_list(ins.attrs, "lhs_contracting_dims")
+                out[name] += _hlo._dot_flops(
+                    ins.shape, shapes.get(ins.operands[0], ""), contracting
+                )
+            elif ins.opcode == "convolution" and len(ins.operands) >= 2:
+                lhs, kernel = (shapes.get(o, "") for o in ins.operands[:2])
+                out[name] += _hlo._conv_flops(ins.shape, lhs, kernel, ins.attrs)
+            elif ins.opcode == "while":
+                trips = counter._trip_count(ins, comp)
+                for body in _hlo._called(ins.attrs, "body"):
+                    out.update({k: trips * v for k, v in walk(body).items()})
+            elif ins.opcode in ("fusion", "call", "custom-call") or ins.opcode.endswith("-start"):
+                for key in ("calls", "to_apply", "called_computations"):
+                    for called in _hlo._called(ins.attrs, key):
+                        out.update(walk(called))
+        memo[comp] = out
+        return out
+
+    return walk(counter.entry)
 
 
 def mlp() -> None:
@@ -85,6 +127,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--presets", nargs="+", default=["save_qkv_proj"])
     parser.add_argument("--mlp", action="store_true", help="the scanned MLP on a v5e 2x2")
+    parser.add_argument("--by-op", action="store_true", help="FLOPs per JAX operation")
     opts = parser.parse_args()
     if opts.mlp:
         mlp()
@@ -106,6 +149,9 @@ def main() -> None:
             print(f"{layers:3d}, {preset}: {parts / GIB:.3f} | {backend / GIB:.3f} | "
                   f"{peak / GIB:.3f} ({source}), {flops / 1e12:.2f}, {seconds:.0f} s",
                   flush=True)  # fmt: skip
+            if opts.by_op:
+                for name, n in flops_by_op(compiled.as_text()).most_common():
+                    print(f"      {n / 1e12:8.3f}  {name}")
     print("load average (1/5/15 min): " + " / ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 
