@@ -124,7 +124,9 @@ def lowered_platform(lowered: Any) -> str:
 
 def compile_measured(lowered: Any, options: dict[str, Any] | None = None) -> Any:
     """``lowered.compile(options)``; for a TPU, with XLA's dump written into a temporary
-    folder (removed after) and the program's HBM recorded from it (`compiled_hbm`).
+    folder (removed after) and the program's HBM recorded from it (`compiled_hbm`). A TPU
+    compile also skips JAX's persistent compilation cache, which could not load a deviceless
+    program back ("PjRtCompiler must be constructed with a Client").
 
     Example:
       >>> import jax, jax.numpy as jnp

@@ -336,8 +336,8 @@ def _measure_step(
     forward_key = _memo_key(fn, "forward", args)
     forward_flops = _FLOPS_MEMO.get(forward_key) if forward_key is not None else None
     if forward_flops is None:
-        lowered = jax.jit(fn).lower(*args)
-        forward_flops = hlo_flops(lowered.compile(ANALYSIS_OPTIONS).as_text())
+        lowered = jax.jit(fn).lower(*args)  # a TPU target's: outside the persistent cache
+        forward_flops = hlo_flops(compile_measured(lowered, ANALYSIS_OPTIONS).as_text())
         _remember(forward_key, forward_flops)
     residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
 
