@@ -11,7 +11,7 @@ slices these sizes train on (one sequence per chip):
   attention where Llama has 8 key-value heads, and no flash attention, so the attention
   scores are materialised), bfloat16 activations on float32 parameters;
 - the un-checkpointed step and MaxText's presets compiled for the same slice: compile time,
-  per-chip peak (`remat.measure`'s TPU rule: HBM, ``temp + argument + output - alias``), the
+  per-chip peak (`remat.measure`'s TPU rule: the HBM of the compiler's buffer assignment), the
   compiler's own ``peak_memory_in_bytes`` beside it, and matmul FLOPs per chip; a step the
   compiler refuses ("Ran out of memory on HBM") is shown with the HBM it asked for;
 - ``remat.plan`` at the chip's HBM (16 GiB v5e, 95 GiB v5p; a budget above what the compiler
@@ -43,6 +43,7 @@ from jax.sharding import NamedSharding
 
 import remat
 from bench_common import BENCH_MD, machine_line, markdown_table, print_table, replace_section
+from remat._measure._hbm import compile_measured
 from remat._measure._hlo import hlo_flops
 from remat._measure._peak import compiled_memory
 from remat._measure._step import lower_step
@@ -124,7 +125,7 @@ def compile_preset(name: str, sizes: dict, target: remat.Target, parallelism: st
     loss, args = placed(PRESETS[name], sizes, target, parallelism)
     start = time.perf_counter()
     try:
-        compiled = lower_step(loss, args, 0).compile()
+        compiled = compile_measured(lower_step(loss, args, 0))
     except Exception as err:  # the TPU compiler's out-of-memory refusal
         found = _OOM.search(str(err))
         if found is None:
@@ -273,8 +274,10 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "Compiled for TPU slices on this CPU host (XLA's TPU compiler from libtpu, deviceless; "
         "`PYTHONPATH=src python benchmarks/tpu_bench.py`, or one run per process with "
         "`--only N --save FILE`, then `--load FILES`). " + _machines(machines) + ".",
-        "Peaks are per chip, HBM (`temp + argument + output - alias`, remat's TPU rule); the "
-        "compiler's `peak_memory_in_bytes` also counts on-chip VMEM (docs/tpu.md). `data`: "
+        "Peaks are per chip, HBM as the compiler's buffer assignment holds it (remat's TPU "
+        "rule, read from XLA's dump of each compile); the compiler's `peak_memory_in_bytes` "
+        "counts on-chip VMEM in on some programs and less than the HBM on others "
+        "(docs/tpu.md). `data`: "
         "parameters replicated, the batch split; `fsdp`: every weight sharded along its model "
         "dimension (MaxText's `embed` axis) and the activations along the batch inside the "
         "layers (sharding constraints, `_models/_maxtext.py`); gradients sharded as their "

@@ -11,11 +11,13 @@ from jax.ad_checkpoint import checkpoint_name
 
 from remat._core._offload import (
     HOST_BANDWIDTH,
+    compile_device_now,
+    compiling_for,
     offload_available,
     offload_unavailable_reason,
     transfer_seconds,
 )
-from remat._core._strategy import resolve_policy
+from remat._core._strategy import as_strategy, resolve_policy
 
 
 @dataclasses.dataclass
@@ -110,8 +112,29 @@ def test_transfer_cost_is_two_copies_over_the_bandwidth():
 
 
 def test_offload_strategy_string_on_cpu_says_why_and_what_instead():
-    with pytest.raises(ValueError, match=r"host RAM.*'names:a,b'"):
+    with pytest.raises(ValueError, match=r"host RAM.*'names:a,b'.*target='tpu:v5e:2x2'"):
         resolve_policy("offload:a,b", "remat.apply")
+
+
+def test_offload_strategy_string_is_checked_against_the_device_compiled_for():
+    """A TPU target's chip (here a stand-in with a separate host memory space) accepts
+    "offload:..." where this CPU host refuses it: given as ``device``, or held by
+    `compiling_for` (what `remat.measure`, `compare`, `lint` and `plan` do for a target),
+    so that `remat.apply` and the scans it rewrites, traced inside, see the chip too."""
+    chip = FakeDevice("tpu", ["device", "pinned_host"])
+    host = jax.devices("cpu")[0]
+    with pytest.raises(ValueError, match=r"`remat.measure`.*'offload:a'.*host RAM"):
+        as_strategy("offload:a", "remat.measure", host)
+    assert as_strategy("offload:a", "remat.measure", chip).policy == "offload:a"
+    assert resolve_policy("offload:a", "remat.apply", chip) is not None
+    with compiling_for(chip):
+        assert compile_device_now() is chip
+        assert resolve_policy("offload:a", "remat.apply") is not None
+        with compiling_for(None):  # no device of its own: the outer one stays
+            assert compile_device_now() is chip
+    assert compile_device_now() is jax.devices()[0]
+    with pytest.raises(ValueError, match="no host memory to offload to"):
+        resolve_policy("offload:a", "remat.apply")
 
 
 # The planner's integer program with the third choice. A chain a -> b in a scan of 10 steps,

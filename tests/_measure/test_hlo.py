@@ -203,3 +203,18 @@ def test_handwritten_module_call_sites_loops_branches_gemm():
 def test_text_without_entry_is_an_error():
     with pytest.raises(ValueError, match=r"`remat._measure._hlo.hlo_flops`.*ENTRY"):
         hlo_flops("not hlo")
+
+
+def test_trip_count_reads_the_counters_start_and_step_from_the_loop():
+    """A loop without `known_trip_count` whose counter starts at 1 and steps by 2 below 9
+    runs 4 times (1, 3, 5, 7): its start is read from the loop's operand, its step from the
+    body's add (XLA:TPU's windowed einsums over a ring of chips step by 2; counted as
+    stepping by 1 they doubled the matmul FLOPs of FSDP steps)."""
+    text = (
+        _HANDWRITTEN.replace("%one = s32[] constant(1)", "%one = s32[] constant(2)")
+        .replace("%zero = s32[] constant(0)", "%zero = s32[] constant(1)")
+        .replace("%n = s32[] constant(5)", "%n = s32[] constant(9)")
+    )
+    assert while_trip_counts(text) == {"wh": 4}
+    dot, gemm = 2 * 2 * 3 * 3, 2 * 4 * 16 * 8
+    assert hlo_flops(text) == 2 * 4 * dot + dot + gemm

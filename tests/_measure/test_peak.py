@@ -121,3 +121,32 @@ def test_compiled_memory_reads_donation_as_alias():
     m = compiled_memory(compiled)
     assert m.alias_bytes == 4096
     assert m.peak_bytes == m.temp_bytes + 4096 + 4096 - 4096
+
+
+def test_tpu_peak_is_the_buffer_assignments_hbm_where_it_was_read():
+    """On TPU the figure read from the compiler's buffer assignment (memory space 0) wins over
+    the sum of the memory analysis' parts, which counts temporaries kept out of HBM; without
+    it (a program compiled elsewhere) the sum stands, an upper bound."""
+    from remat._measure._hbm import hbm_of_buffer_assignment
+    from remat._measure._peak import BUFFER_ASSIGNMENT
+
+    text = "\n".join([
+        "allocation 0: size 4096, parameter 0, shape |f32[1024]| at ShapeIndex {}:",
+        "allocation 1: size 4096, maybe-live-out:",
+        "allocation 2: size 512, constant:",
+        "allocation 3: size 1024, thread-local:",
+        "allocation 4: size 1024, color 6, thread-local:",
+        "allocation 5: size 65536, preallocated-temp:",
+        "allocation 6: size 131072, color 1, preallocated-temp:",
+        "allocation 7: size 112, color 2, preallocated-temp:",
+    ])  # fmt: skip
+    hbm = hbm_of_buffer_assignment(text)
+    assert hbm == 4096 + 4096 + 512 + 65536
+    parts = dict(temp=65536 + 32768, argument=4096, output=4096, alias=0)
+    read = CompiledMemory.from_parts(**parts, platform="tpu", hbm=hbm)
+    assert (read.peak_bytes, read.peak_source) == (hbm, BUFFER_ASSIGNMENT)
+    assert read.temp_bytes == 65536 + 32768
+    unread = CompiledMemory.from_parts(**parts, platform="tpu")
+    assert (unread.peak_bytes, unread.peak_source) == (106496, SUM)
+    on_cpu = CompiledMemory.from_parts(**parts, platform="cpu", hbm=hbm)
+    assert on_cpu.peak_source == SUM

@@ -117,6 +117,30 @@ def test_unstated_refusal_refuses_a_relative_budget_and_plans_bytes(plain):
     assert sources.count(REFUSED) == len(refused) - 1 > 0  # every refusal but the baseline
 
 
+def test_layers_in_a_python_loop_refused_as_written_are_rolled_and_planned():
+    """The program without scans (the same 8 layers in a Python loop) refused as written: the
+    planner rolls its layers and plans the rolled program as a refused scanned program is
+    planned (its un-checkpointed step refused too: the step that recomputes everything
+    stands in); the plan compiles under the budget and keeps the gradients."""
+
+    def unrolled(ws, x):
+        h = x
+        for i in range(ws.shape[0]):
+            h = jnp.tanh(jnp.sin(h @ ws[i]) @ ws[i])
+        return (h**2).sum()
+
+    written = remat.measure(unrolled, WS, X, repeats=0).peak_bytes
+    limit = written * 8 // 10
+    with refusing(limit) as refused:
+        p = remat.plan(unrolled, WS, X, budget=limit * 19 // 20, verbose=False)
+    assert refused[0] == written and len(refused) >= 2
+    assert p.rolled
+    assert p.baseline_peak_bytes == stated(refused[1])  # the rolled program, un-checkpointed
+    assert p.measured_peak_bytes <= p.budget_bytes == limit * 19 // 20
+    g, want = jax.grad(p.fn)(WS, X), jax.grad(unrolled)(WS, X)
+    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-7)
+
+
 def test_other_compile_errors_are_not_refusals():
     assert refusal_of(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: bad")) is None
     r = refusal_of(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM"))

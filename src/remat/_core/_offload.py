@@ -23,12 +23,20 @@ When is offloading possible? The rule, read from the device's memory spaces
    of the step that saves the same values on the device, and ``host_temp_size_in_bytes`` is
    0). So a device whose memories all belong to the ``cpu`` platform offers nothing to
    offload to.
+
+Which device? The one the program compiles for: a `remat.Target`'s TPU chip where
+`remat.measure`, `remat.compare`, `remat.lint` or `remat.plan` compile for one (they hold
+`compiling_for` around their work, so that an ``"offload:a,b"`` strategy met while tracing is
+checked against the chip, whose host memory takes it), this machine's first device otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import time
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -38,10 +46,40 @@ import jax.numpy as jnp
 HOST_BANDWIDTH = 25e9
 
 _HOST_KINDS = ("pinned_host", "unpinned_host")
+_COMPILE_DEVICE: contextvars.ContextVar[jax.Device | None] = contextvars.ContextVar(
+    "remat_compile_device", default=None
+)
+
+
+@contextlib.contextmanager
+def compiling_for(device: jax.Device | None) -> Iterator[None]:
+    """Within the block, offloading is checked against ``device`` (a target's chip) instead of
+    this machine's first device; None leaves the check as it is.
+
+    Example:
+      >>> import jax
+      >>> from remat._core._offload import compile_device_now, compiling_for
+      >>> with compiling_for(jax.devices("cpu")[0]):
+      ...     compile_device_now().platform
+      'cpu'
+    """
+    token = _COMPILE_DEVICE.set(device if device is not None else _COMPILE_DEVICE.get())
+    try:
+        yield
+    finally:
+        _COMPILE_DEVICE.reset(token)
+
+
+def compile_device_now() -> jax.Device:
+    """The device programs compile for here: the innermost `compiling_for`'s, else this
+    machine's first device."""
+    device = _COMPILE_DEVICE.get()
+    return device if device is not None else jax.devices()[0]
 
 
 def offload_unavailable_reason(device: jax.Device | None = None) -> str | None:
-    """Why ``device`` has no host memory to offload to, or None when it has one.
+    """Why ``device`` (default: `compile_device_now`) has no host memory to offload to, or
+    None when it has one.
 
     Example:
       >>> import jax
@@ -49,7 +87,7 @@ def offload_unavailable_reason(device: jax.Device | None = None) -> str | None:
       >>> print(offload_unavailable_reason(jax.devices("cpu")[0]))
       cpu device 0 has memory spaces device, pinned_host, unpinned_host, but its device memory is host RAM: nothing to offload to
     """
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else compile_device_now()
     label = f"{device.platform} device {device.id}"
     try:
         memories = list(device.addressable_memories())
@@ -68,7 +106,7 @@ def offload_unavailable_reason(device: jax.Device | None = None) -> str | None:
 
 
 def offload_available(device: jax.Device | None = None) -> bool:
-    """Whether ``device`` (default: the first device) has a host memory space to offload to.
+    """Whether ``device`` (default: `compile_device_now`) has a host memory space to offload to.
 
     See the module docstring for the rule.
 

@@ -136,11 +136,12 @@ def _schedule_label(schedule: Schedule) -> str:
     return f"nested({schedule.levels})"
 
 
-def as_strategy(strategy: object, where: str = "remat.apply") -> Strategy:
+def as_strategy(strategy: object, where: str = "remat.apply", device: Any = None) -> Strategy:
     """Turns a strategy string, policy or `Strategy` into a `Strategy`.
 
     Errors name ``where`` (the public function that was called), an ``"offload:a,b"``
-    policy where there is no host memory to offload to included.
+    policy where ``device`` (default: the device compiled for, see
+    `remat._core._offload.compile_device_now`) has no host memory to offload to included.
     """
     if strategy is None:
         return Strategy("full")
@@ -148,15 +149,20 @@ def as_strategy(strategy: object, where: str = "remat.apply") -> Strategy:
         check_policy(strategy, where)
         strategy = Strategy(strategy)
     if isinstance(strategy.policy, str) and strategy.policy.startswith("offload:"):
-        resolve_policy(strategy.policy, where)  # raises where offloading is unavailable
+        resolve_policy(strategy.policy, where, device)  # raises where offloading is unavailable
     return strategy
 
 
-def resolve_policy(policy: object, where: str = "remat.apply") -> Callable[..., Any] | None:
+def resolve_policy(
+    policy: object, where: str = "remat.apply", device: Any = None
+) -> Callable[..., Any] | None:
     """Returns the callable that `jax.checkpoint(policy=...)` takes for a strategy's policy.
 
     ``"none"`` returns None, meaning: do not checkpoint at all (callers must not wrap).
     ``None`` returns `nothing_saveable` (recompute everything), as in `jax.checkpoint`.
+    ``"offload:a,b"`` is checked against ``device`` (default: the device compiled for, a
+    `remat.Target`'s chip inside `measure`/`compare`/`lint`/`plan` given one, else this
+    machine's): a TPU has host memory to offload to, a CPU host does not.
 
     Example:
       >>> import jax
@@ -174,12 +180,14 @@ def resolve_policy(policy: object, where: str = "remat.apply") -> Callable[..., 
     names = _split_names(policy, where)
     if policy.startswith("names:"):
         return jax.checkpoint_policies.save_only_these_names(*names)
-    reason = offload_unavailable_reason()
+    reason = offload_unavailable_reason(device)
     if reason is not None:
         raise ValueError(
             f"`{where}` got strategy {policy!r}, but there is no host memory to offload to "
             f"({reason}). Use 'names:{','.join(names)}' to save these values on the device "
-            "instead."
+            "instead, or compile for a TPU, which has host memory: pass target= (e.g. "
+            "target='tpu:v5e:2x2') to `remat.measure`, `remat.compare`, `remat.lint` or "
+            "`remat.plan`."
         )
     return jax.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=[],

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from jax._src.ad_checkpoint import saved_residuals  # not re-exported by jax.ad_checkpoint
 from jax.extend import core
 
-from .._shard._target import parse_target
+from .._core._offload import compiling_for
+from .._shard._target import compile_device, parse_target
 from .._trace import _jaxpr_walk as walk
 from .._trace._eqx import with_modules_split
 from ._findings import Finding
@@ -114,6 +115,14 @@ def lint(
         args = parse_target(target, "remat.lint").place(args, 0, "remat.lint")
     if not isinstance(measure, bool):
         raise ValueError(_NOT_BOOL_MEASURE.format(got=measure))
+    with compiling_for(compile_device(args)):  # "offload:..." checked against the target
+        return _lint_placed(fn, args, strategy, roll, measure)
+
+
+def _lint_placed(
+    fn: Callable[..., Any], args: tuple[Any, ...], strategy: Any, roll: bool, measure: bool
+) -> list[Finding]:
+    """`lint` on arguments already checked and placed."""
     if strategy is not None:
         from .._core._strategy import as_strategy
         from .._trace._apply import apply

@@ -249,7 +249,7 @@ class _Counter:
                     total += _conv_flops(result, lhs, kernel, instr.attrs)
                 total += sum(self.flops(c) for c in _called(instr.attrs, "called_computations"))
             elif op == "while":
-                trips = self._trip_count(instr)
+                trips = self._trip_count(instr, comp)
                 total += trips * sum(self.flops(c) for c in _called(instr.attrs, "body"))
             elif op == "conditional":
                 branches = _called(instr.attrs, "branch_computations") or (
@@ -266,16 +266,20 @@ class _Counter:
                     total += sum(self.flops(c) for c in _called(instr.attrs, key))
         return total
 
-    def _trip_count(self, instr: _Instr) -> float:
+    def _trip_count(self, instr: _Instr, comp: str) -> float:
         if (m := TRIPS_TAG.search(instr.attrs)) is not None:
             return int(m[1]) / max(1, int(m[2]))
         m = _TRIP.search(instr.attrs)
         if m is not None:
             return int(m[1])
-        # Fall back to the loop condition: `i < K` (or `i <= K`) against a constant.
+        # Fall back to the loop condition: `i < K` (or `i <= K`) against a constant, with the
+        # counter's start and step from the loop's config, else read from the loop itself
+        # (XLA's windowed einsums over a ring of devices count `i += 2` up to a constant).
         init, step = 0, 1
         if (m := _INIT.search(instr.attrs)) is not None:
             init, step = int(m[1]), int(m[2])
+        else:
+            init, step = self._counter(instr, comp)
         for cond in _called(instr.attrs, "condition"):
             bound, direction = self._compare_constant(cond)
             if bound is not None and step > 0:
@@ -284,6 +288,65 @@ class _Counter:
                 return max(0, -(-(bound - init) // step))
         self.unknown_loops.append(instr.name)
         return 1
+
+    def _counter(self, loop: _Instr, comp: str) -> tuple[int, int]:
+        """``(start, step)`` of the tuple element a loop's condition compares with a constant:
+        the body adds a constant to it, and the loop's operand sets it to a constant; ``(0,
+        1)`` where either cannot be read."""
+        conds, bodies = _called(loop.attrs, "condition"), _called(loop.attrs, "body")
+        if len(conds) != 1 or len(bodies) != 1:
+            return 0, 1
+        index = self._compared_index(conds[0])
+        step = self._element(bodies[0], index, "add", index) if index is not None else None
+        start = self._element(comp, index, "tuple", None, loop) if step else None
+        return (start or 0), (step or 1)
+
+    def _compared_index(self, cond: str) -> int | None:
+        """The tuple index the condition's root `compare` reads from its parameter."""
+        instrs = {i.name: i for i in self.comps.get(cond, [])}
+        root = self.comps.get(cond, [None])[-1]
+        if root is None or root.opcode != "compare":
+            return None
+        for name in root.operands:
+            read = instrs.get(name)
+            if read is not None and read.opcode == "get-tuple-element":
+                m = re.search(r"index=(\d+)", read.attrs)
+                return int(m[1]) if m else None
+        return None
+
+    def _element(
+        self, comp: str, index: int, kind: str, read: int | None, loop: _Instr | None = None
+    ) -> int | None:
+        """A constant about element ``index`` of a tuple in ``comp``: with ``kind="add"``, the
+        constant the body's root tuple adds to its parameter's element ``read`` there; with
+        ``kind="tuple"``, the constant ``loop``'s operand tuple starts it at."""
+        instrs = {i.name: i for i in self.comps.get(comp, [])}
+
+        def constant(name: str) -> int | None:
+            c = instrs.get(name)
+            if c is None or c.opcode != "constant" or not _CONSTANT.match(c.shape):
+                return None
+            return int(c.args) if re.fullmatch(r"-?\d+", c.args.strip()) else None
+
+        if kind == "tuple":
+            tup = instrs.get(loop.operands[0]) if loop is not None and loop.operands else None
+            if tup is None or tup.opcode != "tuple" or index >= len(tup.operands):
+                return None
+            return constant(tup.operands[index])
+        root = self.comps.get(comp, [None])[-1]
+        if root is None or root.opcode != "tuple" or index >= len(root.operands):
+            return None
+        add = instrs.get(root.operands[index])
+        if add is None or add.opcode != "add" or len(add.operands) != 2:
+            return None
+        reads = [instrs.get(o) for o in add.operands]
+        if not any(
+            r is not None and r.opcode == "get-tuple-element" and f"index={read}" in r.attrs
+            for r in reads
+        ):
+            return None
+        steps = [constant(o) for o in add.operands]
+        return next((c for c in steps if c is not None), None)
 
     def _compare_constant(self, comp: str) -> tuple[int | None, str | None]:
         constant, direction = None, None
@@ -375,8 +438,8 @@ def while_trip_counts(hlo_text: str) -> dict[str, int]:
     """
     counter = _Counter(hlo_text)
     return {
-        i.name: counter._trip_count(i)
-        for instrs in counter.comps.values()
+        i.name: counter._trip_count(i, comp)
+        for comp, instrs in counter.comps.items()
         for i in instrs
         if i.opcode == "while"
     }

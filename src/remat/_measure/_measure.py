@@ -25,10 +25,11 @@ import jax
 import numpy as np
 
 from .._core._dtypes import dtype_of
+from .._core._offload import compiling_for
 from .._core._strategy import as_strategy
 from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
-from .._shard._target import as_target, check_repeats
+from .._shard._target import as_target, check_repeats, compile_device
 from .._trace._checkpoints import (
     checkpoint_sites,
     recompute_requested,
@@ -37,6 +38,7 @@ from .._trace._checkpoints import (
 )
 from .._trace._eqx import with_modules_split
 from ._checks import _check_args, _check_scalar
+from ._hbm import compile_measured
 from ._hlo import hlo_flops
 from ._measurement import SAVES_NOTHING_FRACTION, Measurement, Timing
 from ._peak import compiled_memory, compiled_platform, peak_bytes
@@ -296,7 +298,21 @@ def measure(
     if compile_target is not None:
         args = compile_target.place(args, argnums_t, "remat.measure")
     spec = as_step(Step(argnums, bool(has_aux), optimizer))
+    with compiling_for(compile_device(args)):  # "offload:..." checked against the target
+        return _measure_step(fn, args, argnums, spec, strategy, roll, override, repeats)
 
+
+def _measure_step(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    argnums: Any,
+    spec: Step,
+    strategy: Any,
+    roll: bool,
+    override: bool,
+    repeats: int,
+) -> Measurement:
+    """`measure` on arguments already placed (and checked): compile, read, warn."""
     if strategy is None:
         target, plain, label = fn, None, "none"
     else:
@@ -310,7 +326,8 @@ def measure(
     step = grad_step(target, spec)
     start = time.perf_counter()
     # Run only when timed: otherwise compiled as the planner compiles (`ANALYSIS_OPTIONS`).
-    compiled = lower_step(target, args, spec).compile(ANALYSIS_OPTIONS if repeats == 0 else None)
+    lowered = lower_step(target, args, spec)
+    compiled = compile_measured(lowered, ANALYSIS_OPTIONS if repeats == 0 else None)
     compile_seconds = time.perf_counter() - start
     memory = measure_compiled(compiled)
     flops = hlo_flops(compiled.as_text())
@@ -319,8 +336,8 @@ def measure(
     forward_key = _memo_key(fn, "forward", args)
     forward_flops = _FLOPS_MEMO.get(forward_key) if forward_key is not None else None
     if forward_flops is None:
-        lowered = jax.jit(fn).lower(*args)
-        forward_flops = hlo_flops(lowered.compile(ANALYSIS_OPTIONS).as_text())
+        lowered = jax.jit(fn).lower(*args)  # a TPU target's: outside the persistent cache
+        forward_flops = hlo_flops(compile_measured(lowered, ANALYSIS_OPTIONS).as_text())
         _remember(forward_key, forward_flops)
     residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
 
@@ -356,7 +373,7 @@ def measure(
                 plain_peak=plain_peak / 2**20,
             ),
             RematWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     elif (
         plain_peak is not None
@@ -371,7 +388,7 @@ def measure(
                 why=_WHY_TPU if backend == "tpu" else _WHY_OUTSIDE_LOOP,
             ),
             RematWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
 
     if plain is not None:
@@ -396,7 +413,7 @@ def _plain_twin(plain: Any, args: Sequence[Any], spec: Any) -> tuple[float | Non
     """(FLOPs, peak) of the program without checkpoints; (None, None) where the compiler
     refuses it for memory (a TPU target: the checkpointed step fits, the plain one does not)."""
     try:
-        compiled_plain = lower_step(plain, args, spec).compile(ANALYSIS_OPTIONS)  # read only
+        compiled_plain = compile_measured(lower_step(plain, args, spec), ANALYSIS_OPTIONS)
     except jax.errors.JaxRuntimeError as err:
         if refusal_of(err) is None:
             raise
@@ -423,4 +440,4 @@ def _warn_if_worse(fn, args, spec, peak: int, written_peak, label: str, name: st
             strategy=label, name=name, written=written_peak / 2**20, peak=peak / 2**20,
             sites="; ".join(str(s) for s in sites),
         )  # fmt: skip
-        warnings.warn(message, RematWarning, stacklevel=3)
+        warnings.warn(message, RematWarning, stacklevel=4)

@@ -14,23 +14,22 @@ Which figure, per backend:
   for every checkpointing strategy. It is never used on CPU. The sum is exact for what XLA
   allocates: the temporaries are one preallocated buffer that lives for the whole run, and
   the arguments (less what is donated into the outputs) and outputs are live at its end.
-- **TPU**: ``temp + argument + output - alias`` too: the chip's high-bandwidth memory
-  (HBM), which is what a program runs out of. Read from the TPU compiler (libtpu 0.0.42,
-  deviceless, see `remat.Target`) and its own dumps (``xla_dump_to``: buffer assignment and
-  memory-usage report): the four figures are the program's allocations in HBM (memory space
-  0). Its ``peak_memory_in_bytes`` is not an HBM figure: it adds the on-chip vector memory
-  (VMEM, memory space 1: 128 MiB on a v5e) that memory-space assignment fills with
-  prefetched operands and loop state, so a program that moves more through VMEM can show a
-  higher ``peak_memory_in_bytes`` with less HBM (a scanned MLP checkpointed with ``full``:
-  404 MiB against 396 MiB as written, while its HBM falls from 338 to 258 MiB). The
-  compiler's own capacity check agrees: a v5e program of 16100 MiB in HBM and 96 MiB in
-  VMEM (``peak_memory_in_bytes`` 16196 MiB, over the 15.75 GiB = 16128 MiB a v5e program
-  may use) compiles, and one of 16127 MiB in HBM is refused ("Ran out of memory on HBM").
-  The sum is exact (within 0.5 MiB of the buffer assignment's HBM) on steps that save per
-  step, and above it, never below, where memory-space assignment keeps loop state in VMEM
-  (16-40 MiB on `remat.Nested`, `remat.Binomial` and offloading steps, at least 0.56 GiB on
-  a Llama-3.2-1B step), so a plan under its budget by this figure is under it by the
-  compiler's. docs/tpu.md has the measurements.
+- **TPU**: the HBM the program allocates, read from the TPU compiler's buffer assignment
+  (``peak_source="hbm-buffer-assignment"``): every TPU program remat compiles goes through
+  `remat._measure._hbm.compile_measured`, which has XLA dump it and sums the allocations in
+  memory space 0 (HBM: arguments, outputs, the preallocated temporaries, constants). That is
+  what the compiler checks against the chip ("Ran out of memory on HBM"): a program whose
+  ``temp + argument + output - alias`` is 16139 MiB compiles on a v5e (16128 MiB for a
+  program) with 16107 MiB of HBM in its buffer assignment. Neither figure of XLA's memory
+  analysis is the HBM. ``temp_size_in_bytes`` counts bytes that no allocation of the buffer
+  assignment holds, so the sum is above the HBM: by
+  0.2-64 MiB on scanned MLPs over four chips and by 0.79 GiB on a 2-layer
+  Llama-3-8B step with FSDP on a v5e-16, 0.98 GiB at 4 layers, at least 3.84 GiB at 32 (a
+  program the compiler accepts at 19.59 GiB by the sum). ``peak_memory_in_bytes`` adds the
+  VMEM (128 MiB on a v5e) in on some programs (a checkpointed loop: 212 MiB against 144 MiB
+  of HBM) and is below the HBM on others (the 2-layer Llama step: 7.63 GiB against 8.11).
+  A TPU program compiled elsewhere (no dump read) falls back to the sum, which is at or
+  above the HBM on every program measured. docs/tpu.md has the measurements.
 - **GPU**: the backend's own ``peak_memory_in_bytes`` (from buffer assignment's heap
   simulation, which knows when buffers die) when it is at least ``temp + argument - alias``
   (the temporaries buffer and the arguments coexist, so a smaller figure cannot be a peak);
@@ -49,7 +48,10 @@ from typing import Any
 
 import jax
 
+from ._hbm import compiled_hbm
+
 SUM = "temp+argument+output-alias"
+BUFFER_ASSIGNMENT = "hbm-buffer-assignment"
 BACKEND = "peak_memory_in_bytes"
 UNAVAILABLE = "unavailable"
 
@@ -60,8 +62,8 @@ class CompiledMemory:
 
     Attributes:
       peak_bytes: the peak; see ``peak_source``.
-      peak_source: ``"temp+argument+output-alias"``, ``"peak_memory_in_bytes"`` or
-        ``"unavailable"``.
+      peak_source: ``"temp+argument+output-alias"``, ``"hbm-buffer-assignment"`` (TPU),
+        ``"peak_memory_in_bytes"`` or ``"unavailable"``.
       temp_bytes, argument_bytes, output_bytes, alias_bytes: XLA's figures.
       host_bytes: the program's temporaries in host memory (``host_temp_size_in_bytes``:
         values offloaded with ``save_and_offload_only_these_names``; 0 on CPU, where "host"
@@ -92,10 +94,14 @@ class CompiledMemory:
         alias: int,
         backend_peak: int = 0,
         platform: str = "cpu",
+        hbm: int | None = None,
     ) -> CompiledMemory:
-        """The peak of these parts on ``platform`` (see the module docstring)."""
+        """The peak of these parts on ``platform`` (see the module docstring); ``hbm``: a
+        TPU program's HBM from its buffer assignment, where it was read."""
         total = temp + argument + output - alias
         floor = temp + argument - alias
+        if platform == "tpu" and hbm is not None:
+            return cls(hbm, BUFFER_ASSIGNMENT, temp, argument, output, alias)
         if platform not in ("cpu", "tpu") and backend_peak > 0 and backend_peak >= floor:
             peak, source = backend_peak, BACKEND
         else:
@@ -154,6 +160,7 @@ def compiled_memory(compiled: Any) -> CompiledMemory:
         alias=int(stats.alias_size_in_bytes),
         backend_peak=int(getattr(stats, "peak_memory_in_bytes", 0) or 0),
         platform=compiled_platform(compiled),
+        hbm=compiled_hbm(compiled),
     )
     host = int(getattr(stats, "host_temp_size_in_bytes", 0) or 0)
     return dataclasses.replace(memory, host_bytes=host)

@@ -14,15 +14,14 @@ saved residuals, ...) is decided in `remat._measure._memory`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 import shutil
 import tempfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ._hbm import no_persistent_cache, record
 
 _NO_DUMP = (
     "`remat.memory`: XLA wrote no buffer assignment into its dump folder ({folder}: {files}); "
@@ -279,37 +278,6 @@ def read_dump(folder: Path | str, backend: str = "cpu") -> Dump:
     )
 
 
-_CACHE_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _no_persistent_cache() -> Iterator[None]:
-    """Compiles inside skip JAX's persistent compilation cache: its key leaves
-    ``xla_dump_to`` out, so a program compiled before (in this process or an earlier one)
-    would come from the cache and XLA would write no dump. JAX decides once per process
-    whether the cache is used (``jax._src.compilation_cache``); that decision is set aside
-    for the compile and restored after it (where this JAX has it)."""
-    try:
-        from jax._src import compilation_cache as cache
-    except ImportError:  # pragma: no cover - another JAX layout
-        yield
-        return
-    enabled = getattr(cache, "_is_cache_enabled", None)
-    if enabled is not None and not enabled():  # no cache: nothing to set aside, no lock
-        yield
-        return
-    with _CACHE_LOCK:
-        if not hasattr(cache, "_cache_checked") or not hasattr(cache, "_cache_used"):
-            yield  # pragma: no cover - another JAX layout
-            return
-        saved = (cache._cache_checked, cache._cache_used)
-        cache._cache_checked, cache._cache_used = True, False
-        try:
-            yield
-        finally:
-            cache._cache_checked, cache._cache_used = saved
-
-
 def compile_with_dump(lowered: Any, options: dict[str, Any] | None = None) -> tuple[Any, Dump]:
     """``lowered.compile(options)`` with XLA's dump written into a temporary folder (removed
     afterwards) and read: ``(compiled, Dump)``."""
@@ -317,8 +285,9 @@ def compile_with_dump(lowered: Any, options: dict[str, Any] | None = None) -> tu
 
     folder = tempfile.mkdtemp(prefix="remat-xla-")
     try:
-        with _no_persistent_cache():
+        with no_persistent_cache():
             compiled = lowered.compile({**(options or {}), "xla_dump_to": folder})
+        record(compiled, folder)  # a TPU program's HBM, for the peak (`remat._measure._hbm`)
         return compiled, read_dump(folder, jax.default_backend())
     finally:
         shutil.rmtree(folder, ignore_errors=True)

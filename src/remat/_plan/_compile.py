@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from .._measure._hbm import compile_measured
 from .._measure._measurement import Measurement
 from .._measure._step import ANALYSIS_OPTIONS, argnums_of, as_step, loss_of, lower_step
 
@@ -122,7 +123,7 @@ def compile_lowered(
 def _compile(lowered: Any, options: dict[str, Any], dump: bool) -> tuple[Any, Any]:
     """``(compiled, XLA's dump or None)``."""
     if not dump:
-        return lowered.compile(options), None
+        return compile_measured(lowered, options), None
     from .._measure._xla_dump import compile_with_dump
 
     return compile_with_dump(lowered, options)

@@ -38,7 +38,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core._budget import device_memory_bytes, read_budget
-from .._core._offload import HOST_BANDWIDTH, offload_unavailable_reason, transfer_seconds
+from .._core._offload import (
+    HOST_BANDWIDTH,
+    compiling_for,
+    offload_unavailable_reason,
+    transfer_seconds,
+)
 from .._core._warnings import RematWarning
 from .._measure._step import Step, argnums_of, as_step
 from .._shard._target import as_target, compile_device, offload_rates, placement
@@ -204,7 +209,12 @@ def plan(
     check_inputs(fn, args, spec)  # before `has_scans` traces ``fn``
     progress = Progress(verbose)
     since = (tally(), time.perf_counter())
-    with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
+    with (
+        no_cyclic_gc(),
+        traced_once(),
+        compiling_for(compile_device(args)),
+        contextlib.closing(progress),
+    ):
         if roll and not has_scans(fn, args):
             (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
                                       device_memory, bandwidth, progress,
@@ -363,7 +373,12 @@ def plan_budgets(
     progress = Progress(verbose)
     out: list[Plan | InfeasibleBudget] = []
     since: tuple[Any, ...] | None = (tally(), time.perf_counter())
-    with no_cyclic_gc(), traced_once(), contextlib.closing(progress):
+    with (
+        no_cyclic_gc(),
+        traced_once(),
+        compiling_for(compile_device(args)),
+        contextlib.closing(progress),
+    ):
         if roll and not has_scans(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
                                     progress, per_layer=per_layer)  # fmt: skip

@@ -12,6 +12,10 @@
    outside the scans: the first verified plan measures it (the memory outside the scans,
    `_memo.Knowledge.margin`) and it is charged to every plan from then on; every plan is
    compiled and measured as usual.
+   Where the compiler refuses the program as written (a TPU target's HBM), the rolled
+   program is planned as any refused step is (`_baseline`): its own un-checkpointed step
+   is the baseline, or, refused too, the step that recomputes everything stands in for it
+   and a relative budget is of the size the refusal states.
 4. When nothing rolls, `ValueError` says why in one line (`explain_no_roll`).
 
 Per-layer checkpoints whose recomputation is ordered after the incoming cotangent by
@@ -29,6 +33,8 @@ from typing import Any
 import jax
 
 from .._core._budget import Budget, read_budget
+from .._measure._measurement import Measurement
+from .._measure._refusal import refusal_of
 from .._measure._step import Step
 from .._trace._rewrite import list_scans
 from .._trace._roll_detect import find_runs
@@ -86,16 +92,21 @@ def plan_unrolled(
         raise ValueError(_NOTHING_ROLLS.format(name=name, why=explain_no_roll(closed)))
     say = progress or (lambda _: None)
     say("compiling the program as written")
-    written = compile_measure(fn, args, argnums, "none", None)
-    peak = peak_of(written)
+    try:
+        written: Measurement | None = compile_measure(fn, args, argnums, "none", None)
+    except jax.errors.JaxRuntimeError as err:
+        if refusal_of(err) is None:
+            raise
+        written = None  # refused by the compiler: the rolled program's stand-in is the base
     know = None
     out: list[Plan | InfeasibleBudget] = []
     for spec in budgets:
         budget = spec if isinstance(spec, Budget) else read_budget(spec)
-        budget_bytes = budget.to_bytes(peak, device_memory)
-        if peak <= budget_bytes:
-            out.append(_as_written(fn, args, argnums, written, budget_bytes))
-            continue
+        if written is not None:
+            budget_bytes = budget.to_bytes(peak_of(written), device_memory)
+            if peak_of(written) <= budget_bytes:
+                out.append(_as_written(fn, args, argnums, written, budget_bytes))
+                continue
         if know is None:  # the rolled program's cost models and calibration, once
             say("rolling the repeated layers")
             know = Knowledge(prepare(roll_unscanned(fn), args, argnums, schedules,

@@ -8,7 +8,7 @@ from typing import Any
 
 from .._core._errors import renamed
 from .._core._strategy import STRATEGY_NAMES, Strategy, as_strategy
-from .._shard._target import as_target, check_repeats
+from .._shard._target import as_target, check_repeats, compile_device
 from ._report import Report, current_machine
 
 _BAD_STRATEGIES = (
@@ -45,7 +45,7 @@ def strategy_label(strategy: object) -> str:
     return as_strategy(strategy, "remat.compare").name
 
 
-def _labelled(strategies: object) -> list[tuple[str, object]]:
+def _labelled(strategies: object, device: Any = None) -> list[tuple[str, object]]:
     if isinstance(strategies, Mapping):
         entries = [(str(label), s) for label, s in strategies.items()]
     elif isinstance(strategies, Sequence) and not isinstance(strategies, str | bytes):
@@ -57,7 +57,7 @@ def _labelled(strategies: object) -> list[tuple[str, object]]:
         if label in seen:
             raise ValueError(_DUPLICATE.format(label=label))
         seen.add(label)
-        as_strategy(strategy, "remat.compare")  # validate eagerly, before anything compiles
+        as_strategy(strategy, "remat.compare", device)  # validate before anything compiles
     return entries
 
 
@@ -144,13 +144,14 @@ def compare(
         _check_scalar(fn, args, has_aux)
     except (TypeError, ValueError) as err:
         raise renamed(err, "`remat.measure`", "`remat.compare`")  # noqa: B904 (`renamed` chains)
-    entries = _labelled(strategies)
+    device = compile_device(args)  # a target's chip: "offload:..." is checked against it
+    entries = _labelled(strategies, device)
     labels = [label for label, _ in entries]
     if isinstance(baseline, str) and baseline in labels:
         base_label = baseline
     else:
         try:
-            as_strategy(baseline, "remat.compare")
+            as_strategy(baseline, "remat.compare", device)
         except ValueError as err:
             if "not a known strategy" not in str(err):
                 raise
