@@ -162,37 +162,13 @@ def job_mesh(seq: int) -> dict:
     import jax
     import numpy as np
     import optax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import Mesh
 
-    from remat._models._maxtext import decoder_shapes
+    from remat._models._maxtext import decoder_shapes, fsdp_tensor
 
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("fsdp", "tensor"))
     loss, (params, tokens) = decoder_shapes(None, sizes_of(MODELS["Llama-3-8B"], seq, batch=4))
-
-    def spec(path, leaf):  # the usual FSDP x tensor layout of a Llama's weights
-        names = [getattr(k, "key", "") for k in path]
-        kind = names[-2] if len(names) > 1 else ""
-        layered = "layers" in names
-        lead = (None,) if layered else ()
-        table = {
-            "query": ("fsdp", "tensor", None), "key": ("fsdp", "tensor", None),
-            "value": ("fsdp", "tensor", None), "out": ("tensor", None, "fsdp"),
-            "wi_0": ("fsdp", "tensor"), "wi_1": ("fsdp", "tensor"), "wo": ("tensor", "fsdp"),
-            "token_embedder": ("tensor", "fsdp"), "logits_dense": ("fsdp", "tensor"),
-        }  # fmt: skip
-        axes = table.get(kind)
-        if axes is None or len(lead) + len(axes) != len(leaf.shape):
-            axes, lead = (), ()
-        return NamedSharding(mesh, P(*lead, *axes))
-
-    def place(path, leaf):
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=spec(path, leaf))
-
-    params = jax.tree_util.tree_map_with_path(place, params)
-    tokens = jax.ShapeDtypeStruct(
-        tokens.shape, tokens.dtype, sharding=NamedSharding(mesh, P("fsdp"))
-    )
+    params, tokens = fsdp_tensor(params, tokens, mesh)
     opt = optax.adam(1e-4)
     compile_s, peak = compile_seconds(loss, (params, tokens), opt)
     return dict(compile=compile_s, peak=peak, first=plan_row(loss, (params, tokens), "50%", opt),
