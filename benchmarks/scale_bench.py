@@ -360,8 +360,10 @@ machine's two shared cores; the presets at 8B only, the trend at its ends):
   one margin was charged, and the scan alone peaks where the step does not (XLA's float32
   copies of bfloat16 stacks overlap their originals there). Left: 80 layers' -2.2% is XLA
   converting the last 1.25 GiB stack to float32 at the loss head in the plan's step (not in
-  the un-checkpointed one); the mesh row (-4.9%, unchanged: calibrated on two compiled
-  steps, a linear fit, where no phase is read) misses 3%.
+  the un-checkpointed one). The mesh row is within 3% too (-1.2%; -4.9% when it was fitted
+  on two compiled steps): its scan is compiled alone, placed on the mesh as the step's
+  forward loop holds its inputs (XLA splits the activations' model dimension over fsdp,
+  not their batch: four times the bytes per device the arguments' shardings suggest).
 - Shapes alone: planner RSS 0.52-0.79 GiB (target under 2 GiB at 70B, 0.65 GiB: met).
 - First plan against one compile of the step (the machine otherwise idle; one compile of
   the step takes about 3 s at every size): 3.7× (1B), 4.4× (8B), 7.4× (70B), 4.0× at 8
@@ -376,8 +378,8 @@ machine's two shared cores; the presets at 8B only, the trend at its ends):
   at 1.005× (target: at most 1.000×, missed; 1.030× before).
 - 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32 weights,
   their gradients and Adam's two moments alone take 16 bytes per parameter.
-- The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (4 step compiles, no
-  scan-alone compile)."""
+- The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (2 step compiles,
+  the un-checkpointed step and the plan, and 5 scan-alone ones; 4 step compiles before)."""
 
 
 def _load_sentence(machine: str) -> str:
