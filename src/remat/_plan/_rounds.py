@@ -143,11 +143,8 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
     fallback: Solution | None = None  # a candidate predicted to fit, not compiled
     excluded: list[Solution] = []
     # Once a plan of the program is verified, its memory outside the scans is known and the
-    # scan-alone checks predict the step: a candidate that fits ends the rounds. (Where the
-    # compiler refused the un-checkpointed step, the margin the step that recomputes
-    # everything shows is not yet a plan's: the first plan is verified before it ends them.)
-    verified = any(k.alone is not None for k in know.measured.values())
-    calibrated = know.margin is not None and (prep.refusal is None or verified)
+    # scan-alone checks predict the step: a candidate that fits ends the rounds.
+    calibrated = know.margin is not None
     searched = False  # cheaper candidates looked for (`cheaper_candidate`)
     probed = False  # smaller candidates looked for (`smaller_candidate`)
     while rounds < max_rounds:
