@@ -274,7 +274,7 @@ def test_calibrate3_clamps_a_negative_slice_weight():
     # slice weight is clamped to 0; base and transient weight are then fitted by least
     # squares to peak - stored = (0, 24.5, 6.5) at transient (0, 20, 4):
     #   3 b + 24 w = 31,  24 b + 416 w = 516  ->  w = 268 / 224, b = (31 - 24 w) / 3.
-    from remat._plan._calibrate import calibrate3
+    from remat._plan._fit import calibrate3
     from remat._plan._options import Choice
 
     def c(stored, sliced, transient):

@@ -164,3 +164,26 @@ def test_offloaded_values_the_compiler_kept_on_the_device_are_said(plain):
         warnings.simplefilter("error")
         check_offloaded(choice, dataclasses.replace(on_tpu, host_bytes=2**20))
         check_offloaded(choice, plain)  # cpu
+
+
+def test_a_refused_scan_alone_program_is_the_size_its_refusal_states():
+    """A scan compiled alone that the compiler refuses (its calibration point saving every
+    value, over a chip's HBM) is as large as the refusal states: its temporaries are that
+    less its arguments (the weights, the carry and the carry's cotangent) and outputs (the
+    gradients of the weights and the carry)."""
+    from remat._plan._body import _lowered, _memory, _Refusable
+
+    (info,) = remat.list_scans(loss, WS, X[:8])
+    lowered, io = _lowered(info, None, info.length)
+    argument, output = io
+    weights, carry = 8 * 64 * 64 * 4, 8 * 64 * 4
+    assert (argument, output) == (weights + 2 * carry, weights + carry)
+
+    class Refused:
+        def compile(self, options=None):
+            raise jax.errors.JaxRuntimeError(refusal_message(3 * 2**20, 2**20))
+
+    memory = _memory(_Refusable(Refused(), io, "cpu").compile())
+    assert memory.temp_bytes == 3 * 2**20 - argument - output
+    assert memory.peak_bytes == 3 * 2**20
+    assert _memory(_Refusable(lowered, io, "cpu").compile()).temp_bytes > 0  # compiles on CPU

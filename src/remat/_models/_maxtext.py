@@ -211,3 +211,44 @@ def _model(policy_names: tuple[str, ...] | None, sizes: dict):
         return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
     return model, loss
+
+
+# The usual FSDP x tensor layout of a Llama's weights (`fsdp_tensor`): per parameter kind, the
+# mesh axes of its dimensions (after the layers' axis of the scanned ones).
+FSDP_TENSOR = {
+    "query": ("fsdp", "tensor", None), "key": ("fsdp", "tensor", None),
+    "value": ("fsdp", "tensor", None), "out": ("tensor", None, "fsdp"),
+    "wi_0": ("fsdp", "tensor"), "wi_1": ("fsdp", "tensor"), "wo": ("tensor", "fsdp"),
+    "token_embedder": ("tensor", "fsdp"), "logits_dense": ("fsdp", "tensor"),
+}  # fmt: skip
+
+
+def fsdp_tensor(params: Any, tokens: Any, mesh: Any) -> tuple[Any, Any]:
+    """`decoder_shapes`' arguments placed over a mesh with axes ``("fsdp", "tensor")``: the
+    weights as `FSDP_TENSOR` says (the rest whole), the batch over ``fsdp``; no constraint on
+    the activations, so XLA's partitioner chooses their layout.
+
+    Example:
+      >>> import jax
+      >>> from remat._models._maxtext import QUICK, decoder_shapes, fsdp_tensor
+      >>> mesh = jax.make_mesh((1, 1), ("fsdp", "tensor"))
+      >>> _, (params, tokens) = decoder_shapes(None, QUICK)
+      >>> params, tokens = fsdp_tensor(params, tokens, mesh)
+      >>> params["layers"]["query"]["kernel"].sharding.spec
+      P(None, 'fsdp', 'tensor', None)
+    """
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def place(path, leaf):
+        names = [getattr(k, "key", "") for k in path]
+        lead = (None,) if "layers" in names else ()
+        axes = FSDP_TENSOR.get(names[-2] if len(names) > 1 else "")
+        if axes is None or len(lead) + len(axes) != len(leaf.shape):
+            axes, lead = (), ()
+        spec = NamedSharding(mesh, P(*lead, *axes))
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=spec)
+
+    placed = jax.tree_util.tree_map_with_path(place, params)
+    split = NamedSharding(mesh, P("fsdp"))
+    return placed, jax.ShapeDtypeStruct(tokens.shape, tokens.dtype, sharding=split)

@@ -112,7 +112,9 @@ def compile_alone(prep: Prepared, know: Knowledge, candidates) -> None:
             if key not in know.alone and key not in missing:
                 missing[key] = (info, scan_choice, fits[prep.cands[o].scan].length)
     temps = scan_memories(
-        list(missing.values()), compile_device(prep.args), phases=prep.phases is not None
+        list(missing.values()),
+        prep.placement or compile_device(prep.args),
+        phases=prep.phases is not None,
     )
     for key, memory in zip(missing, temps, strict=True):
         know.alone[key] = phase_contribution(memory, prep.phases)

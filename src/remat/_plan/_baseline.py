@@ -33,7 +33,7 @@ from .._measure._refusal import Refusal, refusal_of
 from .._shard._target import usable_bytes
 from .._trace._tag import rewrite
 from ._compile import compile_measure, light_peak
-from ._options import fixed_choice
+from ._options import alone_key, fixed_choice
 
 # `Measurement.peak_source` of a stand-in, and of a step the compiler refused (`refused`).
 STATED = "stated by the compiler's refusal"
@@ -109,6 +109,26 @@ def baseline_step(
             _NOTHING_FITS.format(refused=refusal.message, again=again.message)
         ) from err
     return stand_in(recomputing, nothing.flops, refusal), refusal, recomputing, None
+
+
+def recomputing_margin(recomputing, infos, cands, offsets, models, alone) -> float | None:
+    """The memory outside the scans that the scan-alone programs do not see (see
+    `remat._plan._calibrate.Prepared.margin`), from the step that recomputes everything: its
+    peak less its arguments and outputs and each scan's contribution compiled alone with
+    nothing saved (``alone``: the calibration points' contributions by `alone_key`); None
+    where a scan's is not among them."""
+    known = dict(alone)
+    total = 0.0
+    for o, cand in enumerate(cands):
+        if cand.schedule != "per_step":
+            continue
+        nothing = fixed_choice(cands, offsets, models, [o], save=False)
+        key = alone_key(o, nothing.choices[infos[cand.scan].position])
+        if key not in known:
+            return None
+        total += known[key]
+    m = recomputing
+    return float(m.peak_bytes - (m.argument_bytes + m.output_bytes - m.alias_bytes) - total)
 
 
 def stand_in(recomputing: Measurement, recompute_flops: float, refusal: Refusal) -> Measurement:

@@ -25,8 +25,12 @@ import jax
 import jax.numpy as jnp
 
 from .._core._schedule import Binomial
-from .._measure._peak import compiled_memory
+from .._measure._hbm import compile_measured
+from .._measure._peak import CompiledMemory, compiled_memory
 from .._measure._phases import loop_phases
+from .._measure._refusal import refusal_of
+from .._shard._scan_shardings import ScanPlacement, on_mesh, stacked
+from .._shard._sharding import per_device_bytes
 from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
@@ -97,17 +101,70 @@ def scan_memories(
     this machine's default) with its options (`_compile.scan_options`); with ``phases``,
     each with its phases read from XLA's dump (`remat._measure._phases.loop_phases`; see
     `remat._plan._phases`)."""
+    options = scan_options(_platform_device(device))
+    if not phases:  # a compiler that knows its device's memory may refuse one (`_Refusable`)
+        where = _platform(device)
+        lowerings = ((lambda r=r: _Refusable(*_lowered(*r, device), where)) for r in requests)
+        return [ScanMemory(_memory(c)) for c in compile_each(lowerings, SCAN, options=options)]
     lowerings = ((lambda r=r: lower_scan(*r, device)) for r in requests)
-    options = scan_options(device)
-    if not phases:
-        compiled = compile_each(lowerings, SCAN, options=options)
-        return [ScanMemory(compiled_memory(c)) for c in compiled]
     compiled = compile_each(lowerings, SCAN, read=loop_phases, options=options)
     return [ScanMemory(compiled_memory(c), p) for c, p in compiled]
 
 
 def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int, device: Any = None) -> Any:
     """The lowered scan-alone gradient program (see `scan_memory`), for ``device``."""
+    return _lowered(info, choice, length, device)[0]
+
+
+class _Refusable:
+    """A lowered scan-alone program whose compile, refused for memory (XLA's TPU compiler
+    refuses a program over the chip's HBM), gives the memory the refusal states
+    (`_RefusedScan`) instead of raising: the scan is then that much of the step, and a step
+    with that save set over the device's memory too (its calibration still holds)."""
+
+    def __init__(self, lowered: Any, io_bytes: tuple[int, int], platform: str) -> None:
+        self.lowered, self.io_bytes, self.platform = lowered, io_bytes, platform
+
+    def compile(self, options: Any = None) -> Any:
+        try:  # a TPU's program with its HBM read from XLA's buffer assignment
+            return compile_measured(self.lowered, options)
+        except jax.errors.JaxRuntimeError as err:
+            refusal = refusal_of(err)
+            if refusal is None or refusal.asked_bytes is None:
+                raise
+            argument, output = self.io_bytes
+            return _RefusedScan(CompiledMemory.from_parts(
+                temp=max(refusal.asked_bytes - argument - output, 0), argument=argument,
+                output=output, alias=0, platform=self.platform,
+            ))  # fmt: skip
+
+
+class _RefusedScan:
+    """A scan-alone program the compiler refused, with the memory its refusal states (the
+    temporaries: that less the program's inputs and its gradients)."""
+
+    def __init__(self, memory: Any) -> None:
+        self.memory = memory
+
+
+def _memory(compiled: Any) -> Any:
+    return compiled.memory if isinstance(compiled, _RefusedScan) else compiled_memory(compiled)
+
+
+def _platform_device(device: Any) -> Any:
+    """A device of the platform a scan-alone program compiles for (None: the default)."""
+    return device.mesh.devices.flat[0] if isinstance(device, ScanPlacement) else device
+
+
+def _platform(device: Any) -> str:
+    """The platform a scan-alone program compiles for (see `scan_memories`' ``device``)."""
+    device = _platform_device(device)
+    return jax.default_backend() if device is None else device.platform
+
+
+def _lowered(info, choice, length, device=None) -> tuple[Any, tuple[int, int]]:
+    """`lower_scan`'s program and ``(argument bytes, output bytes)`` per device: its inputs,
+    and the gradients of the floating-point ones."""
     invars = info.jaxpr.jaxpr.invars
     nc, nk = info.num_consts, info.num_carry
     specs = [_spec(v.aval) for v in invars]
@@ -135,13 +192,33 @@ def lower_scan(info: ScanInfo, choice: ScanChoice | None, length: int, device: A
         _, vjp = jax.vjp(lambda d: merged(d, o_in), d_in)
         return vjp([_zero_if_none(c, o) for c, o in zip(ct, outs, strict=True)])
 
-    if device is not None:  # every input on the step's device: the same compiler as the step
+    if isinstance(device, ScanPlacement):  # a sharded step: placed as in the step
+        d_specs, o_specs, ct_specs = _placed(device, info, flat_in, outs, diff)
+    elif device is not None:  # every input on the step's device: the same compiler as the step
         on = jax.sharding.SingleDeviceSharding(device)
         d_specs, o_specs, ct_specs = (
             [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on) for s in specs_]
             for specs_ in (d_specs, o_specs, ct_specs)
         )
-    return jax.jit(program).lower(d_specs, o_specs, ct_specs)
+    grads = sum(per_device_bytes(s) for s in d_specs)
+    io = (grads + sum(per_device_bytes(s) for s in (*o_specs, *ct_specs)), grads)
+    return jax.jit(program).lower(d_specs, o_specs, ct_specs), io
+
+
+def _placed(placement, info, flat_in, outs, diff):
+    """The scan-alone program's inputs and cotangents placed on the step's mesh as the scan's
+    values are in the step (`remat._shard._scan_shardings`)."""
+    shardings = placement.of(info.position)
+    nc, nk = info.num_consts, info.num_carry
+    ins = [s if i < nc + nk else stacked(s) for i, s in enumerate(shardings.inputs)]
+    cts = [s if i < nk else stacked(s) for i, s in enumerate(shardings.outputs)]
+    placed = [on_mesh(spec, s) for spec, s in zip(flat_in, ins, strict=True)]
+    d_specs = [s for s, d in zip(placed, diff, strict=True) if d]
+    o_specs = [s for s, d in zip(placed, diff, strict=True) if not d]
+    ct_specs = [
+        on_mesh(jax.ShapeDtypeStruct(o.shape, o.dtype), s) for o, s in zip(outs, cts, strict=True)
+    ]
+    return d_specs, o_specs, ct_specs
 
 
 def _zero_if_none(c: Any, out: Any) -> Any:

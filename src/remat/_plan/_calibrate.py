@@ -33,9 +33,10 @@ from .._shard._shard_counts import scan_input_splits
 from .._shard._target import compile_device, offload_rates
 from .._trace._checkpoints import checkpoint_sites
 from .._trace._tag import planned_scans, rewrite
-from ._baseline import baseline_step, memory_limit, refused_peak
+from ._baseline import baseline_step, memory_limit, recomputing_margin, refused_peak
 from ._compile import light_peak, peak_of
 from ._costmodel import ScanModel, model_scans
+from ._fit import SLICE_WEIGHT, calibrate, calibrate3
 from ._milp import Node, Option
 from ._options import (
     Candidate,
@@ -48,25 +49,13 @@ from ._options import (
 from ._perlayer import period_candidates
 from ._phases import contribution, phase_model
 from ._result import fingerprint, scan_fingerprints
+from ._sharded import placeable, placement, read_splits, step_reader
 
 _NO_SCAN = (
     "`remat.plan` found no `scan` in {name}. The planner chooses what each scan step saves; "
     "put the layers in a `jax.lax.scan` (or `flax.linen.scan` / `nnx.scan`), or use "
     "`remat.apply(fn, strategy)` for a whole-function checkpoint."
 )
-
-
-# The memory model (fitted by `calibrate` on two compiled points) is
-#   peak = base + stored_weight * (saved bytes + SLICE_WEIGHT * one step's saved bytes)
-#          + transient_weight * (one step's materialised recomputed bytes)
-# The backward pass of a step reads its saved values out of the stacked per-step buffers into
-# buffers of its own, so one step's saved values are live twice (measured on the demo GPT:
-# with every needed value saved, the memory beyond parameters, gradients and saved values is
-# 18.3 MiB for 20.0 MiB of one step's saved values). Without this term the memory that the
-# all-saved calibration point shows was charged to every plan, and plans that save a few
-# values per step were overestimated by up to 25%.
-SLICE_WEIGHT = 1.0
-MAX_TRANSIENT_WEIGHT = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +99,9 @@ class Prepared:
     # The un-checkpointed step's peak minus its arguments and outputs and each scan's
     # contribution compiled alone as written: the memory outside the scans that the
     # scan-alone programs do not see (`_memo.Knowledge.margin` before a plan is verified).
-    # None when calibrated on compiled steps, or when the baseline is another program's.
+    # Where the compiler refused that step, the step that recomputes everything's, against
+    # its scans compiled alone with nothing saved. None when calibrated on compiled steps, or
+    # when the baseline is another program's.
     margin: float | None = None
     # The compiler's refusal of the un-checkpointed step (`_baseline`); None where it compiled.
     refusal: Any = None
@@ -124,6 +115,9 @@ class Prepared:
     # ``(choice, measured)`` of the step that recomputes everything, compiled in the refused
     # baseline's place: a compiled point like any plan's (`_memo.Knowledge`).
     compiled: tuple[tuple[Any, Measurement], ...] = ()
+    # Where the scan-alone programs of a sharded program are placed (`_sharded`); None on
+    # one device.
+    placement: Any = None
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:
@@ -155,9 +149,10 @@ def prepare(
 
     One compile of the whole step (the un-checkpointed baseline, unless ``baseline`` is
     given: when the budget is relative to another program's peak, see `_unrolled`); the
-    memory model is calibrated on scan-alone programs (`scan_fit`). A program whose arguments are spread over
-    several devices is calibrated on compiled steps instead (`step_fit`): a scan on its own
-    does not see the shardings XLA propagates into it.
+    memory model is calibrated on scan-alone programs (`scan_fit`). On a mesh the step is
+    compiled first, and the scan-alone programs are placed as its forward loop holds the
+    scans' inputs (`_sharded`); a program whose shardings only a `jax.jit` declares (no mesh
+    among its arguments) is calibrated on compiled steps instead (`step_fit`).
     """
     if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
@@ -170,23 +165,29 @@ def prepare(
         raise ValueError(_NO_SCAN.format(name=f"`{getattr(fn, '__qualname__', repr(fn))}`"))
     # Sharded arguments, or a jit with in/out shardings: count values per device.
     splits, devices = scan_input_splits(fn, *args)
-    models = model_scans(infos, splits if devices > 1 else None, devices)
-    cands = candidates(models, schedules)
-    nodes, options, offsets = assemble(cands)
-    if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
-        rates = offload_rates(compile_device(args))  # a TPU target: its chip's rate
-        nodes = offload_costs(
-            nodes, cands, offsets, models, host_bandwidth, rates[0] if rates else None
-        )
+
+    def build(splits):
+        models = model_scans(infos, splits if devices > 1 else None, devices)
+        cands = candidates(models, schedules)
+        nodes, options, offsets = assemble(cands)
+        if host_bandwidth is not None:  # offloading offered (see `_offload_wanted`)
+            rates = offload_rates(compile_device(args))  # a TPU target: its chip's rate
+            nodes = offload_costs(
+                nodes, cands, offsets, models, host_bandwidth, rates[0] if rates else None
+            )
+        per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
+        return models, cands, nodes, options, offsets, per_step
+
+    models, cands, nodes, options, offsets, per_step = build(splits)
     print_ = fingerprint(fn, *args)
     written = tuple(str(s) for s in checkpoint_sites(jax.make_jaxpr(fn)(*args).jaxpr))
     model_seconds = time.perf_counter() - clock
-    per_step = [o for o, c in enumerate(cands) if c.schedule == "per_step"]
     # Where the compiler refuses the un-checkpointed step, a checkpointed one stands in
     # (`_baseline`); ``first`` is (baseline, refusal, the step that recomputes everything).
     first = functools.partial(baseline_step, fn, args, argnums, cands, offsets, models, per_step)
-    refusal = recomputing = phases = None
-    if devices > 1:
+    refusal = recomputing = phases = placed = None
+    given = baseline is not None
+    if devices > 1 and not placeable(args):  # shardings a `jax.jit` declares: no mesh
         if baseline is None:
             say("compiling the un-checkpointed step")
             baseline, refusal, recomputing, _ = first()
@@ -196,23 +197,34 @@ def prepare(
         )
         alone, margin = (), None
     else:
-        say("compiling the un-checkpointed step and each scan alone")
         device = compile_device(args)
         # One scan on the CPU: the step's phases are read from its dump (`_phases`).
         platform = jax.default_backend() if device is None else getattr(device, "platform", "")
-        reading = baseline is None and len(infos) == 1 and platform == "cpu"
+        reading = not given and len(infos) == 1 and platform == "cpu"
+        step_phases = (lambda: pending.result()[3]) if reading and devices == 1 else None
+        if devices > 1:  # the step first: where XLA puts the scans' inputs (`_sharded`)
+            if not given:
+                say("compiling the un-checkpointed step")
+                read = step_reader(infos, splits, reading) if platform == "cpu" else None
+                baseline, refusal, recomputing, got = first(read=read)
+                if got is not None:
+                    splits = read_splits(splits, infos, got[1])
+                    models, cands, nodes, options, offsets, per_step = build(splits)
+                    step_phases = (lambda: got[0]) if reading else None
+            device = placed = placement(infos, splits, args)
+        say("compiling the un-checkpointed step and each scan alone")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the baseline beside the scans
             pending = baseline or pool.submit(first, read=loop_phases if reading else None)
             measured = pending if baseline else _First(pending)
             fit, calibration, scan_fits, alone, margin, phases = scan_fit(
                 infos, cands, offsets, models, per_step, measured, device,
-                written=baseline is None,
-                step_phases=(lambda: pending.result()[3]) if reading else None,
+                written=not given, step_phases=step_phases,
             )  # fmt: skip
             if not baseline:
                 baseline, refusal, recomputing, _ = pending.result()
-        if refusal is not None:  # the stand-in recomputes everything: it shows no margin
-            margin = phases = None
+        if refusal is not None:  # the stand-in shows no margin; the step it stands for does
+            phases = None
+            margin = recomputing_margin(recomputing, infos, cands, offsets, models, alone)
     base, stored, slice_weight, weight = fit
     if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
         clock = time.perf_counter()
@@ -250,6 +262,7 @@ def prepare(
         refusal=refusal,
         limit=memory_limit(refusal, compile_device(args)),
         phases=phases,
+        placement=placed,
         compiled=() if recomputing is None else (
             (fixed_choice(cands, offsets, models, per_step, save=False),
              dataclasses.replace(recomputing, strategy="plan")),
@@ -400,97 +413,3 @@ def step_fit(fn, args, argnums, cands, offsets, models, per_step, refusal=None, 
     )  # fmt: skip
     fit = (float(base), float(stored), float(stored * SLICE_WEIGHT), float(weight))
     return fit, [(everything, peak_all), (nothing, peak_none)], ()
-
-
-def calibrate(
-    peak_all: float, stored_all: float, peak_none: float, stored_none: float, transient: float
-) -> tuple[float, float, float]:
-    """Fits ``peak = base + stored_weight * stored + transient_weight * transient``.
-
-    Two compiled points: every needed value saved (``stored_all``, no transient) and nothing
-    saved (``stored_none`` and ``transient``). With ``stored_weight = 1`` the two give
-    ``base`` and ``transient_weight``; when that weight falls outside ``[0, 2]`` it is clamped
-    and ``stored_weight`` is fitted instead. (A weight above 1 is real: XLA keeps transposed
-    copies of some recomputed values for the weight-gradient matmuls.)
-
-    Returns:
-      ``(base, stored_weight, transient_weight)``.
-
-    Example:
-      >>> from remat._plan._calibrate import calibrate
-      >>> calibrate(peak_all=100, stored_all=80, peak_none=40, stored_none=10, transient=20)
-      (20.0, 1.0, 0.5)
-      >>> [round(x, 3) for x in calibrate(100, 80, peak_none=20, stored_none=10, transient=20)]
-      [8.571, 1.143, 0.0]
-    """
-    base = peak_all - stored_all
-    weight = (peak_none - base - stored_none) / transient if transient else 1.0
-    if 0.0 <= weight <= MAX_TRANSIENT_WEIGHT or stored_all == stored_none:
-        return float(base), 1.0, float(min(max(weight, 0.0), MAX_TRANSIENT_WEIGHT))
-    weight = 0.0 if weight < 0 else MAX_TRANSIENT_WEIGHT
-    # peak_all = base + s * stored_all;  peak_none = base + s * stored_none + weight * transient
-    s = (peak_all - peak_none + weight * transient) / (stored_all - stored_none)
-    s = max(s, 0.0)
-    return float(peak_all - s * stored_all), float(s), weight
-
-
-def calibrate3(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float, float] | None:
-    """Fits ``peak = base + stored + slice_weight * sliced + transient_weight * transient``
-    exactly through three compiled points (`Choice`, measured peak).
-
-    When the exact fit gives a slice weight above ``MAX_TRANSIENT_WEIGHT`` (a scan whose
-    every step keeps more than its saved values, e.g. float32 copies of bfloat16 ones: the
-    excess grows with the bytes stored), ``peak = base + stored_weight * stored + sliced +
-    transient_weight * transient`` is fitted exactly instead. Otherwise, or when that fit
-    fails, a slice weight outside ``[0, MAX_TRANSIENT_WEIGHT]`` is clamped to that range and
-    ``base`` and ``transient_weight`` are fitted to the three points by least squares.
-
-    Returns ``(base, stored_weight, slice_weight, transient_weight)``, or None when the three
-    points do not determine it or the transient weight falls outside
-    ``[0, MAX_TRANSIENT_WEIGHT]``.
-
-    Example:
-      >>> from remat._plan._calibrate import calibrate3
-      >>> from remat._plan._options import Choice
-      >>> c = lambda s, sl, t: Choice({}, (), 0.0, 0.0, stored=s, sliced=sl, transient=t)
-      >>> # base 10, slice weight 0.5, transient weight 1.5:
-      >>> calibrate3([(c(80, 10, 0), 95.0), (c(8, 1, 20), 48.5), (c(40, 5, 4), 58.5)])
-      (10.0, 1.0, 0.5, 1.5)
-      >>> # base 10, stored weight 1.25, transient weight 0.5 (a slice weight of 3.5 exactly):
-      >>> calibrate3([(c(80, 10, 0), 120.0), (c(8, 1, 20), 31.0), (c(40, 5, 4), 67.0)])
-      (10.0, 1.25, 1.0, 0.5)
-    """
-    import numpy as np
-
-    a = np.array([[1.0, c.sliced, c.transient] for c, _ in points])
-    b = np.array([peak - c.stored for c, peak in points])
-    if abs(np.linalg.det(a)) < 1e-6 * max(1.0, float(np.abs(a).max()) ** 2):
-        return None
-    base, slice_weight, weight = (float(round(v, 9)) for v in np.linalg.solve(a, b))
-    if slice_weight > MAX_TRANSIENT_WEIGHT:
-        scaled = _stored_fit(points)
-        if scaled is not None:
-            return scaled
-    if not 0.0 <= slice_weight <= MAX_TRANSIENT_WEIGHT:
-        slice_weight = min(max(slice_weight, 0.0), MAX_TRANSIENT_WEIGHT)
-        rest = b - slice_weight * a[:, 1]
-        (base, weight), *_ = np.linalg.lstsq(a[:, [0, 2]], rest, rcond=None)
-        base, weight = float(base), float(weight)
-    if not 0.0 <= weight <= MAX_TRANSIENT_WEIGHT:
-        return None
-    return base, 1.0, slice_weight, weight
-
-
-def _stored_fit(points: Sequence[tuple[Any, float]]) -> tuple[float, float, float, float] | None:
-    """``peak = base + stored_weight * stored + SLICE_WEIGHT * sliced + weight * transient``
-    exactly through three points (see `calibrate3`), or None when it does not hold."""
-    import numpy as np
-
-    a = np.array([[1.0, c.stored, c.transient] for c, _ in points])
-    b = np.array([peak - SLICE_WEIGHT * c.sliced for c, peak in points])
-    if abs(np.linalg.det(a)) < 1e-6 * max(1.0, float(np.abs(a).max()) ** 2):
-        return None
-    base, stored, weight = (float(round(v, 9)) for v in np.linalg.solve(a, b))
-    if stored < 0 or not 0.0 <= weight <= MAX_TRANSIENT_WEIGHT:
-        return None
-    return base, stored, SLICE_WEIGHT, weight
