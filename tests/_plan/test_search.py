@@ -85,3 +85,33 @@ def test_the_rounds_look_above_the_tier_of_a_candidate_found_over(prepared, monk
     assert floors[0] is None
     assert floors[1] == _search.above_floor(prep, checked[0]) > checked[0]
     assert checked[1] >= floors[1]
+
+
+def test_model_flops_are_shared_among_the_devices_as_measured_flops_are(prepared):
+    """On a program over n devices a step's measured FLOPs are one device's and the cost
+    model's recomputation is the whole program's: a candidate is priced at the baseline's
+    FLOPs plus its recomputation / n. Priced at the whole recomputation, `full` looked dearer
+    than a plan the compiler made dearer still (Llama-3-8B on a v5p-8: 292.1 TFLOP per chip
+    chosen over `full`'s 287.8)."""
+    import dataclasses
+
+    from remat._plan._memo import Known, best_known, choice_key, cost, step_flops
+    from remat._plan._named import named_choices
+
+    devices = 4
+    prep = dataclasses.replace(
+        prepared, baseline=dataclasses.replace(prepared.baseline, num_devices=devices)
+    )
+    choices = {names[0]: choice for names, _, choice in named_choices(prep)}
+    full, dots = choices["full"], choices["dots"]
+    base = prep.baseline.flops
+    assert full.flops > dots.flops >= 0
+    assert step_flops(prep, full) == base + full.flops / devices  # hand-worked
+    # `full` measured as the model says; the other plan measured 1% over `full`
+    measured_full = base + full.flops / devices
+    know = Knowledge(prep)
+    for choice, flops in ((full, measured_full), (dots, 1.01 * measured_full)):
+        m = dataclasses.replace(prep.baseline, flops=flops, peak_bytes=1)
+        know.measured[choice_key(choice)] = Known(choice, m, 1)
+    assert cost(prep, know.measured[choice_key(full)]) == pytest.approx(measured_full)
+    assert best_known(prep, know, budget_bytes=2).choice is full

@@ -112,11 +112,18 @@ def choice_key(choice: Choice) -> tuple[Any, ...]:
     )
 
 
+def step_flops(prep: Prepared, choice: Choice) -> float:
+    """The step's FLOPs per device that the model predicts for ``choice``: the
+    un-checkpointed step's (measured, per device) and the choice's recomputation (the cost
+    model's, of the whole program: shapes are global) shared among the devices."""
+    return prep.baseline.flops + choice.flops / max(prep.baseline.num_devices, 1)
+
+
 def cost(prep: Prepared, known: Known) -> float:
-    """A compiled point's FLOPs: measured, but never below the model's (the backward loop of a
-    `remat.Binomial` schedule has no static trip count, so its measured FLOPs are a lower
-    bound)."""
-    return max(known.measured.flops, prep.baseline.flops + known.choice.flops)
+    """A compiled point's FLOPs per device: measured, but never below the model's (the backward
+    loop of a `remat.Binomial` schedule has no static trip count, so its measured FLOPs are a
+    lower bound)."""
+    return max(known.measured.flops, step_flops(prep, known.choice))
 
 
 def best_known(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ._alone import check_alone
 from ._calibrate import Prepared
-from ._memo import Knowledge, Known, choice_key, cost
+from ._memo import Knowledge, Known, choice_key, cost, step_flops
 from ._milp import Solution
 from ._options import Choice, decode, fixed_solution
 
@@ -129,8 +129,7 @@ def ahead(
     return [
         (solution, choice)
         for _, solution, choice in named_choices(prep)
-        if choice_key(choice) not in know.measured
-        and prep.baseline.flops + choice.flops < reference
+        if choice_key(choice) not in know.measured and step_flops(prep, choice) < reference
     ]
 
 
@@ -155,7 +154,7 @@ def try_named(
         if set(names) == {"full"}:
             uniform_full = choice_key(choice)
         key = choice_key(choice)
-        if key in know.measured or prep.baseline.flops + choice.flops >= reference:
+        if key in know.measured or step_flops(prep, choice) >= reference:
             continue
         alone, _ = check_alone(prep, know, solution, choice)
         predicted.append((alone + margin, choice.flops, key, choice, alone))

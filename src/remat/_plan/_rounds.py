@@ -31,7 +31,7 @@ from ._alone import charged_options, check_alone, compile_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
-from ._memo import Knowledge, Known, best_known, choice_key, cost
+from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
 from ._named import ahead as named_ahead
 from ._named import describe, try_named
@@ -228,7 +228,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                 say("looking for a cheaper plan on the scans alone")
                 found = cheaper_candidate(prep, know, budget_bytes, options, tight,
                                            [*excluded, solution],
-                                           prep.baseline.flops + choice.flops,
+                                           step_flops(prep, choice),
                                            band_for(know, calibrated, False),
                                            (choice, alone), above)  # fmt: skip
                 if found is not None:
@@ -327,7 +327,7 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
             raise
         if beside is not None:
             alone, _ = beside()
-        measured = refused(prep.baseline, refusal, prep.baseline.flops + choice.flops)
+        measured = refused(prep.baseline, refusal, step_flops(prep, choice))
         if refusal.asked_bytes is not None:  # the size it states corrects the model as a peak
             know.margin = refusal.asked_bytes - alone
         know.measured[key] = Known(choice, measured, int(alone + margin), alone)
@@ -350,7 +350,7 @@ def _look_ahead(prep, know, budget_bytes, options, tight, excluded, above, after
     `cheaper_candidate` checks first, as the memory outside the scans known so far puts it.
     The checks then find their scans compiled (`_memo.Knowledge.alone`); those the measured
     step makes unnecessary cost their compile, beside the step's."""
-    pairs = named_ahead(prep, know, budget_bytes, prep.baseline.flops + choice.flops, predicted)
+    pairs = named_ahead(prep, know, budget_bytes, step_flops(prep, choice), predicted)
     if after:
         solution = solve(prep.nodes, budget_bytes, options=options,
                          fixed_bytes=prep.base + (know.margin or 0.0) + tight, exclude=excluded,

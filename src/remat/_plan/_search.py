@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._alone import check_alone, compile_alone
 from ._calibrate import Prepared
-from ._memo import Knowledge, Known, best_known, choice_key, cost
+from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, decode, fixed_solution
 
@@ -79,7 +79,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 break
             choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
                             prep.stored, prep.slice)  # fmt: skip
-            if prep.baseline.flops + choice.flops >= reference * (1 - 1e-9):
+            if step_flops(prep, choice) >= reference * (1 - 1e-9):
                 break  # nothing cheaper at this budget
             excluded.append(solution)
             if choice_key(choice) in know.measured:
@@ -88,7 +88,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
-                reference = prep.baseline.flops + choice.flops
+                reference = step_flops(prep, choice)
                 break  # something cheaper still, higher up?
             if not any(s.pattern for s in choice.choices.values()):
                 # A per-layer candidate over the budget bounds nothing: its program keeps
@@ -208,7 +208,7 @@ def cheaper_point(prep: Prepared, know: Knowledge, budget_bytes: int) -> Choice 
         (c.flops, p, c)
         for c, p in prep.calibration
         if choice_key(c) not in know.measured
-        and prep.baseline.flops + c.flops < reference
+        and step_flops(prep, c) < reference
         and p + margin <= budget_bytes
     ]
     return min(points, key=lambda r: r[:2])[2] if points else None
