@@ -67,7 +67,7 @@ def check_policy(policy: object, where: str) -> object:
         if policy.startswith(("names:", "offload:")):
             _split_names(policy, where)
             return policy
-    if type(policy).__name__ == "Plan" and hasattr(policy, "scans"):
+    if getattr(type(policy), "__remat_plan__", False):
         raise ValueError(_PLAN_AS_STRATEGY.format(where=where))
     got = repr(policy)
     got = got if len(got) <= 200 else f"{got[:200]}... ({type(policy).__name__})"

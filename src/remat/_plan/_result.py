@@ -179,6 +179,10 @@ class Plan:
     scan_structure: str = ""
     written: tuple[str, ...] = ()
 
+    # Marks a plan for the stages below `_plan` (which cannot import this class), e.g. the
+    # strategy check that refuses a plan passed where one policy is expected.
+    __remat_plan__ = True
+
     @functools.cached_property
     def step(self) -> Callable[..., Any]:
         """The jitted training step the plan was made for: ``step(params, opt_state, *rest)
