@@ -95,20 +95,20 @@ def test_apply_lint_and_compare_take_the_module():
     assert report.labels == ("none", "full")
 
 
-def test_planned_whole_at_50_and_35_percent_with_equinox_gradients(tmp_path):
+def test_planned_whole_at_35_percent_with_equinox_gradients(tmp_path):
     """The issue's case: the model passed whole (a dropout's ``inference`` bool, an int
-    leaf, activation functions among its leaves), planned at 50% and 35% of its peak; each
-    plan's gradients are ``eqx.filter_grad``'s of the loss, in the module's structure."""
+    leaf, activation functions among its leaves), planned at 35% of its peak; the plan's
+    gradients, and those of the plan saved and loaded, are ``eqx.filter_grad``'s of the loss,
+    in the module's structure."""
     model, x, key = make(layers=8, tokens=512)
     want = eqx.filter_value_and_grad(loss)(model, x, key)
-    plans = plan_budgets(loss, model, x, key, budgets=["50%", "35%"], verbose=False)
-    for plan in plans:
-        assert isinstance(plan, remat.Plan), plan
-        assert plan.rolled and plan.measured_peak_bytes <= plan.budget_bytes
-        assert_tree_allclose(eqx.filter_value_and_grad(plan.fn)(model, x, key), want)
-    assert plans[1].measured_peak_bytes <= 0.35 * plans[1].baseline_peak_bytes
+    (plan,) = plan_budgets(loss, model, x, key, budgets=["35%"], verbose=False)
+    assert isinstance(plan, remat.Plan), plan
+    assert plan.rolled and plan.measured_peak_bytes <= plan.budget_bytes
+    assert plan.measured_peak_bytes <= 0.35 * plan.baseline_peak_bytes
+    assert_tree_allclose(eqx.filter_value_and_grad(plan.fn)(model, x, key), want)
     path = tmp_path / "plan.json"
-    plans[1].to_json(path)
+    plan.to_json(path)
     loaded = remat.load_plan(path, loss, model, x, key)
     assert_tree_allclose(eqx.filter_value_and_grad(loaded.fn)(model, x, key), want)
     applied = remat.apply(loss, path)
