@@ -23,10 +23,12 @@ Each measurement runs in a process of its own (the planner's peak RSS is that pr
   (``XLA_FLAGS=--xla_force_host_platform_device_count=8``), planned per device at 50%.
 
 Usage:
-  PYTHONPATH=src python benchmarks/scale_bench.py [--quick] [--no-write]
+  PYTHONPATH=src python benchmarks/scale_bench.py [--quick] [--no-write] [--json PATH]
+  PYTHONPATH=src python benchmarks/scale_bench.py --from-json PATH   # the section from a run
 
-``--quick`` compiles two presets (else all eight) at the 8B shapes only (else every size),
-and the trend at its ends (8 and 80 layers; 2048 wide). Timings are wall-clock seconds on a shared machine: read them with the load average
+``--quick`` compiles two presets (else all seven with a save set) at the 8B shapes only
+(else every size), and the trend at its ends (8 and 80 layers; 2048 wide). What is measured
+is saved after each job to ``--json`` (default ``/tmp/scale_bench.json``). Timings are wall-clock seconds on a shared machine: read them with the load average
 the section prints.
 """
 
@@ -201,14 +203,16 @@ def run_job(kind: str, devices: int = 1, **kw) -> dict:
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-3:]
         print(f"  {kind} {kw} failed: {' / '.join(tail)}", flush=True)
-        return dict(error=" / ".join(tail), wall=time.perf_counter() - start)
+        return dict(error=" / ".join(tail), wall=time.perf_counter() - start,
+                    load=os.getloadavg())  # fmt: skip
     out = json.loads(done.stdout.strip().splitlines()[-1])
     out["wall"] = time.perf_counter() - start
+    out["load"] = os.getloadavg()  # 1/5/15 min, as the job ends: other jobs beside it
     print(f"  {kind} {kw}: {out['wall']:.0f} s", flush=True)
     return out
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, path: Path) -> dict:
     seq = 4096
     from remat._models._maxtext import PRESETS
 
@@ -217,30 +221,30 @@ def run(quick: bool) -> dict:
     replans = ("70%", "35%")
     for name in MODELS:
         result["sizes"][name] = run_job("size", name=name, seq=seq, replans=replans)
-        save(result)
+        save(result, path)
     result["mesh"] = run_job("mesh", devices=8, seq=seq)
-    save(result)
+    save(result, path)
     # --quick: the presets at the 8B shapes only; the trend at its two ends.
     for name in ["Llama-3-8B"] if quick else MODELS:
         result["presets"][name] = run_job("presets", name=name, seq=seq, presets=presets)
-        save(result)
+        save(result, path)
     trend_seq = 2048
     result["trend_seq"] = trend_seq
     for layers in (TREND_LAYERS[0], TREND_LAYERS[-1]) if quick else TREND_LAYERS:
         result["trend"][layers] = run_job("trend", layers=layers, d_model=1024, seq=trend_seq)
-        save(result)
+        save(result, path)
     for width in TREND_WIDTHS[-1:] if quick else TREND_WIDTHS:
         result["widths"][width] = run_job("trend", layers=8, d_model=width, seq=trend_seq)
-        save(result)
+        save(result, path)
     return result
 
 
 PARTIAL = Path("/tmp/scale_bench.json")
 
 
-def save(result: dict) -> None:
+def save(result: dict, path: Path = PARTIAL) -> None:
     """What is measured so far (``--from-json`` writes the section from it)."""
-    PARTIAL.write_text(json.dumps(result, indent=1))
+    path.write_text(json.dumps(result, indent=1))
 
 
 ### Report
@@ -491,6 +495,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--from-json", type=Path, help="write the section from a saved run")
+    parser.add_argument("--json", type=Path, default=PARTIAL, help="where the run is saved")
     args = parser.parse_args()
     if args.child:
         child(args.child)
@@ -500,10 +505,10 @@ def main() -> None:
         result = json.loads(args.from_json.read_text())
         seconds = result.get("seconds", 0.0)
     else:
-        result = run(args.quick)
+        result = run(args.quick, args.json)
         seconds = result["seconds"] = time.perf_counter() - start
         result["machine"], result["date"] = machine_line(), str(datetime.date.today())
-        save(result)
+        save(result, args.json)
     print_table("sizes", ["model", "compile s", "peak GiB", "budget", *PLAN_HEAD, "RSS GiB"],
                 size_rows(result))  # fmt: skip
     text = markdown(result, seconds)
