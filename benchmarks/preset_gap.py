@@ -2,13 +2,16 @@
 
 ``scale_bench.py``'s decoder at one of its shapes: the preset (``nn.remat(layer,
 policy=save_only_these_names(...))`` in the scan) and the un-checkpointed decoder rewritten by
-the planner (`remat._trace._tag.rewrite`) to save the values that carry the preset's
+the planner (`remat._trace._tag.rewrite`: the body's jitted calls that hold no saved value
+kept whole, `remat._trace._kept`) to save the values that carry the preset's
 `checkpoint_name` s, and the preset's own policy around the scan body left untagged, with
-the jitted functions in it inlined as the planner inlines them (`remat._trace._tag.flatten`)
-and kept as calls, each compiled as the planner compiles a step, with XLA's dump read by
-loop phase (`remat._measure._phases.loop_phases`). Prints the peak, temporaries, the live
-bytes of each phase and the matmul FLOPs of both: where the planner's plan at the preset's
-own peak recomputes more than the preset, this shows whether the same save set fits.
+the jitted functions in it all inlined (``untagged``: `remat._trace._tag.flatten`, as the
+planner's rewrite did before it kept calls) and all kept as calls (``calls``), each compiled
+as the planner compiles a step, with XLA's dump read by loop phase
+(`remat._measure._phases.loop_phases`). Prints the peak, temporaries, the live bytes of each
+phase and the matmul FLOPs of each: where the planner's plan at the preset's own peak
+recomputes more than the preset, this shows whether the same save set fits as the planner
+writes it.
 
 Usage:
   PYTHONPATH=src python benchmarks/preset_gap.py [--model Llama-3-8B] [--preset minimal]
