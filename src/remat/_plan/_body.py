@@ -31,10 +31,9 @@ from .._measure._phases import loop_phases
 from .._measure._refusal import refusal_of
 from .._shard._scan_shardings import ScanPlacement, on_mesh, stacked
 from .._shard._sharding import per_device_bytes
-from .._trace._kept import tagged_body
 from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
-from .._trace._tag import ScanChoice, _eval_inlined, _spec, flatten
+from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
 from ._compile import SCAN, compile_each, scan_options
 from ._phases import ScanMemory
 
@@ -49,7 +48,9 @@ def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Call
         outs = _eval_inlined(flat.jaxpr, flat.consts, [*consts, *carry, *xs])
         return list(outs[:nk]), list(outs[nk:])
 
-    tagged = tagged_body(info, () if choice is None else (*(choice.names or ()), *choice.offload))
+    def tagged(consts, carry, xs):
+        outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
+        return list(outs[:nk]), list(outs[nk:])
 
     def run(consts, init, xs):
         if choice is not None and choice.pattern:  # per layer: each position its own policy

@@ -168,8 +168,7 @@ def planned_scans(fn: Callable, *args: Any, **kwargs: Any) -> list[ScanInfo]:
 def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
     """``fn`` with the scans at the positions in ``choices`` re-run as they say.
 
-    Each chosen scan's body is evaluated with every value tagged (see `eval_tagged`; a
-    jitted call none of whose values is chosen is kept whole: `remat._trace._kept`) and
+    Each chosen scan's body is evaluated with every value tagged (see `eval_tagged`) and
     checkpointed with ``save_only_these_names(*choice.names)`` (with a ``pattern``, each
     position with its own names: `remat._trace._periodic.periodic_loop`); a schedule other than
     ``"per_step"`` runs the scan with `remat.scan` (a `remat.Binomial` step saves all its
@@ -185,9 +184,13 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
         choice = chosen(info)
         if choice is None:
             return None
-        from ._kept import tagged_body  # it evaluates with this module's helpers
+        flat = flatten(info.jaxpr)
+        nk = info.num_carry
 
-        tagged = tagged_body(info, (*(choice.names or ()), *choice.offload))
+        def tagged(consts, carry, xs):
+            outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
+            return list(outs[:nk]), list(outs[nk:])
+
         if choice.pattern:
             return tagged  # checkpointed per position by `periodic_loop`
         if choice.schedule == "per_step":
