@@ -422,6 +422,16 @@ def _load_sentence(machine: str) -> str:
     )
 
 
+def _job_loads(result: dict) -> str:
+    """The 1-minute load averages at the jobs' ends (saved by `run_job`), lowest to highest."""
+    jobs = [*result["sizes"].values(), *result["presets"].values(), *result["trend"].values(),
+            *result["widths"].values(), result.get("mesh", {})]  # fmt: skip
+    loads = [job["load"][0] for job in jobs if "load" in job]
+    if not loads:
+        return ""
+    return f"The 1-minute load average as each job ended: {min(loads):.1f} to {max(loads):.1f}. "
+
+
 def markdown(result: dict, seconds: float) -> str:
     seq = result["seq"]
     cmd = "PYTHONPATH=src python benchmarks/scale_bench.py" + (
@@ -432,7 +442,7 @@ def markdown(result: dict, seconds: float) -> str:
         [
             MARKERS[0] + "\n## Planning real sizes from shapes (`benchmarks/scale_bench.py`)",
             f"Run {result.get('date', datetime.date.today())} on {machine}; {seconds:.0f} s in all. "
-            f"{_load_sentence(machine)}Reproduce with `{cmd}`.",
+            f"{_job_loads(result)}{_load_sentence(machine)}Reproduce with `{cmd}`.",
             f"The decoder of `remat._models._maxtext` at public Llama shapes (GQA, RoPE, SwiGLU, "
             f"RMSNorm, MaxText's `checkpoint_name`s, layers in one `nn.scan`), vocab {VOCAB}, batch "
             f"1, sequence {seq}, bf16 compute on float32 master weights, the training step with "
