@@ -387,7 +387,12 @@ plan 14.3 s (1.8x), re-plans 5.5 and 5.3 s (0.7x), the same plans and peaks.
   is put over a budget it fits. 8B `minimal`: the preset's own save set, as the planner
   writes it (the body's jitted calls inlined), compiles 53,952,448 bytes (0.03%) over the
   preset's peak (159,624,815,548 against 159,570,863,100; `preset_gap.py`). The other
-  five (predicted within 0.4% of their compiled peaks) are not investigated.
+  five (predicted within 0.4% of their compiled peaks) are re-plans (the first plan of each
+  job is `minimal`'s), and a re-plan searches less: it knows the memory outside the scans
+  from an earlier plan and stops at its first candidate that fits. Planned first, on its
+  own (`run_job("presets", name=..., seq=4096, presets=["save_dot_with_context_except_mlp"])`,
+  load 11): 8B 0.991x (a re-plan: 1.018x), while 70B gets 1.035x (a re-plan: 1.013x; its
+  plan predicted 1108.5 GiB, compiled 1087.2: +2.0%, the 70B prediction again).
 - Keeping the body's jitted calls whole was tried and is not a fix: it moves the compiled
   peak both ways. The preset's policy on the body with its calls kept compiles to exactly
   the preset's 159,570,863,100 bytes at 8B (`preset_gap.py`, the `calls` row), but the
