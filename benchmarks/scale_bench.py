@@ -28,8 +28,8 @@ Usage:
 
 ``--quick`` compiles two presets (else all seven with a save set) at the 8B shapes only
 (else every size), and the trend at its ends (8 and 80 layers; 2048 wide). What is measured
-is saved after each job to ``--json`` (default ``/tmp/scale_bench.json``). Timings are wall-clock seconds on a shared machine: read them with the load average
-the section prints.
+is saved after each job to ``--json`` (default ``/tmp/scale_bench.json``). Timings are
+wall-clock seconds on a shared machine: read them with the load averages the section prints.
 """
 
 from __future__ import annotations
@@ -372,7 +372,9 @@ plan 14.3 s (1.8x), re-plans 5.5 and 5.3 s (0.7x), the same plans and peaks.
   0.4%. The step's peak is predicted by phase (`remat._plan._phases`: each scan-alone
   program and the un-checkpointed step read from XLA's dump by loop phase). 80 layers'
   -2.2% is XLA converting the last 1.25 GiB stack to float32 at the loss head in the plan's
-  step (not in the un-checkpointed one).
+  step (not in the un-checkpointed one). On the mesh the scan is compiled alone placed as
+  the step's forward loop holds its inputs (XLA splits the activations' model dimension over
+  fsdp, not their batch: four times the bytes per device the arguments' shardings suggest).
 - Shapes alone: planner RSS 0.56-0.71 GiB, 0.66 GiB at 70B (target under 2 GiB: met).
 - At the MaxText presets' own peaks: every plan fits (24 of 24). FLOPs no more than the
   preset's in 17 of 24 (target: all): all eight at 1B (0.886-1.000x), six of eight at 8B,
