@@ -1,4 +1,5 @@
-"""A MaxText preset against the planner's rewrite of the same save set.
+"""A MaxText preset against the planner's rewrite of the same save set, and what keeping the
+scan body's jitted calls whole does to a save set's compiled peak.
 
 ``scale_bench.py``'s decoder at one of its shapes: the preset (``nn.remat(layer,
 policy=save_only_these_names(...))`` in the scan) and the un-checkpointed decoder rewritten by
@@ -10,8 +11,15 @@ loop phase (`remat._measure._phases.loop_phases`). Prints the peak, temporaries,
 bytes of each phase and the matmul FLOPs of both: where the planner's plan at the preset's
 own peak recomputes more than the preset, this shows whether the same save set fits.
 
+``--plan BUDGET`` instead plans the un-checkpointed decoder at ``BUDGET`` (``"50%"``) and
+compiles the plan's save set as the planner writes it (every jitted call in the body
+inlined, so that each value in it can be named) and with the calls named in ``--keep``
+(``jnp.where``'s is ``_where``; default: every call none of whose values is saved) bound
+whole, the values outside them tagged with the same names.
+
 Usage:
   PYTHONPATH=src python benchmarks/preset_gap.py [--model Llama-3-8B] [--preset minimal]
+  PYTHONPATH=src python benchmarks/preset_gap.py --model Llama-3.2-1B --plan 50% [--keep _where]
 """
 
 from __future__ import annotations
@@ -19,6 +27,112 @@ from __future__ import annotations
 import argparse
 
 from scale_bench import MODELS, sizes_of
+
+
+def kept_body(info, names, keep):
+    """``body(consts, carry, xs)``: the scan body as written, with its jitted calls named in
+    ``keep`` (None: all) bound whole where none of ``names`` lies inside them, the rest
+    inlined, and every floating-point value outside the kept calls tagged as
+    `remat._trace._tag.eval_tagged` tags the flattened body (the same names)."""
+    import re
+
+    from jax.ad_checkpoint import checkpoint_name
+
+    from remat._trace._tag import _INLINE, _bind, _inlined, _read, flatten, is_tagged, value_name
+
+    def inner_of(eqn):
+        key = _INLINE.get(eqn.primitive.name)
+        if key is None or key not in eqn.params or (key == "jaxpr" and not _inlined(eqn)):
+            return None
+        inner = eqn.params[key]
+        return (inner.jaxpr if hasattr(inner, "jaxpr") else inner), getattr(inner, "consts", ())
+
+    flat = flatten(info.jaxpr).jaxpr.eqns
+    ranges, j = {}, 0
+
+    def walk(jaxpr):  # each call's equations in the flattened body, matched one for one
+        nonlocal j
+        for eqn in jaxpr.eqns:
+            inner = inner_of(eqn)
+            if inner is not None:
+                start = j
+                walk(inner[0])
+                ranges[id(eqn)] = (start, j)
+                continue
+            same = [v.aval for v in eqn.outvars] == [v.aval for v in flat[j].outvars]
+            if eqn.primitive != flat[j].primitive or not same:
+                raise SystemExit("the flattened body does not match the body as written")
+            j += 1
+
+    walk(info.jaxpr.jaxpr)
+    chosen = {int(re.fullmatch(r"remat_s\d+_e(\d+)(?:_\d+)?", n).group(1)) for n in names}
+    nk = info.num_carry
+
+    def body(consts, carry, xs):
+        k = 0
+
+        def run(jaxpr, jaxpr_consts, invals):
+            nonlocal k
+            env = dict(zip(jaxpr.constvars, jaxpr_consts, strict=True))
+            env.update(zip(jaxpr.invars, invals, strict=True))
+            for eqn in jaxpr.eqns:
+                ins = [_read(env, v) for v in eqn.invars]
+                inner = inner_of(eqn)
+                if inner is not None:
+                    start, stop = ranges[id(eqn)]
+                    wanted = keep is None or eqn.params.get("name") in keep
+                    if wanted and chosen.isdisjoint(range(start, stop)):
+                        outs, k = _bind(eqn, ins), stop
+                    else:
+                        outs = run(*inner, ins)
+                else:
+                    outs = [
+                        checkpoint_name(o, value_name(info.position, k, i, len(eqn.outvars)))
+                        if is_tagged(v.aval) else o
+                        for i, (v, o) in enumerate(zip(eqn.outvars, _bind(eqn, ins), strict=True))
+                    ]  # fmt: skip
+                    k += 1
+                env.update(zip(eqn.outvars, outs, strict=True))
+            return [_read(env, v) for v in jaxpr.outvars]
+
+        outs = run(info.jaxpr.jaxpr, info.jaxpr.consts, [*consts, *carry, *xs])
+        return list(outs[:nk]), list(outs[nk:])
+
+    return body
+
+
+def plan_forms(args, sizes, spec) -> None:
+    """``--plan``: the plan's save set compiled with every call inlined and with calls kept."""
+    import jax
+
+    import remat
+    from remat._measure._peak import compiled_memory
+    from remat._measure._step import lower_step
+    from remat._models._maxtext import decoder_shapes
+    from remat._trace._rewrite import lax_loop, rewrite_scans
+    from remat._trace._tag import ScanChoice, rewrite
+
+    loss, shapes = decoder_shapes(None, sizes)
+    p = remat.plan(loss, *shapes, budget=args.plan, optimizer=spec.optimizer, verbose=False)
+    (scan,) = p.scans
+    if scan.schedule != "per_step" or scan.pattern:
+        raise SystemExit(f"the plan's scan is {scan.schedule!r}: this compares per-step plans")
+    names = scan.names
+    keep = None if args.keep is None else set(args.keep.split(","))
+    policy = jax.checkpoint_policies.save_only_these_names(*names)
+
+    def kept(info, _):
+        return jax.checkpoint(kept_body(info, names, keep), policy=policy, prevent_cse=False)
+
+    programs = {
+        "inlined": rewrite(loss, {scan.position: ScanChoice(names=names)}),
+        "kept": rewrite_scans(loss, kept, lax_loop),
+    }
+    print(f"{args.model} plan at {args.plan}: {len(names)} values saved per step, "
+          f"plan's compiled peak {p.measured_peak_bytes:,}", flush=True)  # fmt: skip
+    for label, fn in programs.items():
+        m = compiled_memory(lower_step(fn, shapes, spec).compile())
+        print(f"  calls {label:8s} (kept: {args.keep or 'all'}) peak {m.peak_bytes:,}", flush=True)
 
 
 def main() -> None:
@@ -39,9 +153,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Llama-3-8B", choices=sorted(MODELS))
     parser.add_argument("--preset", default="minimal")
+    parser.add_argument("--plan", help="plan at this budget and compare the calls' forms")
+    parser.add_argument("--keep", help="with --plan: the calls kept, by name (a,b); else all")
     args = parser.parse_args()
     sizes = sizes_of(MODELS[args.model], 4096)
     spec = as_step(Step(0, False, optax.adam(1e-4)))
+    if args.plan:
+        plan_forms(args, sizes, spec)
+        return
     loss, shapes = decoder_shapes(None, sizes)
     infos = planned_scans(loss, *shapes)
     models = model_scans(infos)

@@ -23,11 +23,13 @@ Each measurement runs in a process of its own (the planner's peak RSS is that pr
   (``XLA_FLAGS=--xla_force_host_platform_device_count=8``), planned per device at 50%.
 
 Usage:
-  PYTHONPATH=src python benchmarks/scale_bench.py [--quick] [--no-write]
+  PYTHONPATH=src python benchmarks/scale_bench.py [--quick] [--no-write] [--json PATH]
+  PYTHONPATH=src python benchmarks/scale_bench.py --from-json PATH   # the section from a run
 
-``--quick`` compiles two presets (else all eight) at the 8B shapes only (else every size),
-and the trend at its ends (8 and 80 layers; 2048 wide). Timings are wall-clock seconds on a shared machine: read them with the load average
-the section prints.
+``--quick`` compiles two presets (else all seven with a save set) at the 8B shapes only
+(else every size), and the trend at its ends (8 and 80 layers; 2048 wide). What is measured
+is saved after each job to ``--json`` (default ``/tmp/scale_bench.json``). Timings are
+wall-clock seconds on a shared machine: read them with the load averages the section prints.
 """
 
 from __future__ import annotations
@@ -201,14 +203,16 @@ def run_job(kind: str, devices: int = 1, **kw) -> dict:
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-3:]
         print(f"  {kind} {kw} failed: {' / '.join(tail)}", flush=True)
-        return dict(error=" / ".join(tail), wall=time.perf_counter() - start)
+        return dict(error=" / ".join(tail), wall=time.perf_counter() - start,
+                    load=os.getloadavg())  # fmt: skip
     out = json.loads(done.stdout.strip().splitlines()[-1])
     out["wall"] = time.perf_counter() - start
+    out["load"] = os.getloadavg()  # 1/5/15 min, as the job ends: other jobs beside it
     print(f"  {kind} {kw}: {out['wall']:.0f} s", flush=True)
     return out
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, path: Path) -> dict:
     seq = 4096
     from remat._models._maxtext import PRESETS
 
@@ -217,30 +221,30 @@ def run(quick: bool) -> dict:
     replans = ("70%", "35%")
     for name in MODELS:
         result["sizes"][name] = run_job("size", name=name, seq=seq, replans=replans)
-        save(result)
+        save(result, path)
     result["mesh"] = run_job("mesh", devices=8, seq=seq)
-    save(result)
+    save(result, path)
     # --quick: the presets at the 8B shapes only; the trend at its two ends.
     for name in ["Llama-3-8B"] if quick else MODELS:
         result["presets"][name] = run_job("presets", name=name, seq=seq, presets=presets)
-        save(result)
+        save(result, path)
     trend_seq = 2048
     result["trend_seq"] = trend_seq
     for layers in (TREND_LAYERS[0], TREND_LAYERS[-1]) if quick else TREND_LAYERS:
         result["trend"][layers] = run_job("trend", layers=layers, d_model=1024, seq=trend_seq)
-        save(result)
+        save(result, path)
     for width in TREND_WIDTHS[-1:] if quick else TREND_WIDTHS:
         result["widths"][width] = run_job("trend", layers=8, d_model=width, seq=trend_seq)
-        save(result)
+        save(result, path)
     return result
 
 
 PARTIAL = Path("/tmp/scale_bench.json")
 
 
-def save(result: dict) -> None:
+def save(result: dict, path: Path = PARTIAL) -> None:
     """What is measured so far (``--from-json`` writes the section from it)."""
-    PARTIAL.write_text(json.dumps(result, indent=1))
+    path.write_text(json.dumps(result, indent=1))
 
 
 ### Report
@@ -347,64 +351,62 @@ def mesh_rows(result: dict) -> list[list[str]]:
 
 # What the run written to BENCHMARKS.md shows (written from its figures; a new run that
 # changes them needs these lines read again).
-NOTES = """Read from the run above (`--quick`: the full run does not fit in a session on this
-machine's two shared cores; the presets at 8B only, the trend at its ends). It ran at a load
-average of 15-18 on 2 cores (other sessions' jobs): every time, the one compile included, is
-inflated, and the ratios are not those of an idle machine (the run before this one, alone:
-first plans 3.7-7.4x one compile, re-plans 1.0-1.3x).
+NOTES = """Read from the run above: the full run (every size, the seven presets with a save set
+and `full` at each, the whole trend, the mesh), at a load average of 15-18 on 2 cores. Other
+engineers' jobs ran beside it throughout, and this session's own (`preset_gap.py --plan` and a
+test file) beside the 1B and 8B size rows: every time, the one compile included, is inflated,
+and the ratios are not an idle machine's. The 1B size row run again on its own afterwards
+(`run_job("size", name="Llama-3.2-1B", seq=4096)`, load 12): one compile 7.8 s, the first
+plan 14.3 s (1.8x), re-plans 5.5 and 5.3 s (0.7x), the same plans and peaks.
 
-- Time: first plan against one compile of the step, in this run: 1.9x (1B), 1.8x (8B),
-  2.5x (70B), 1.8x at 8 and at 80 layers, 2.3x at d_model 2048; re-plans 0.7-0.8x (targets
-  3x and 1.3x: met under this load, not re-measured alone). Side by side, the first plan at
-  50% before these changes (commit 66c601f) and after, in fresh processes alternating at a
-  load of 12-17 (`benchmarks/plan_time_ab.py`): Llama-3-70B 69.0 and 69.4 s (6.0x and 6.1x
-  one compile) against 29.5 and 20.7 s (2.5x and 2.6x); Llama-3-8B 39.7 s (5.4x) against
-  22.1 s (2.0x), the same plan. What changed: scan-alone programs compile with
-  XLA's fusion emitters off and one LLVM module (`_compile.SCAN_CPU_OPTIONS`: the same
-  memory, phases and HLO; at 8B shapes 0.36-0.46 s of CPU each against 1.85-2.51 s,
-  `benchmarks/plan_time_ab.py --scan-options`); a candidate checked alone
-  and found over the budget rules out its FLOPs tier (d_model 2048: 11 scan compiles -> 7;
-  the solver had offered three save sets differing only in values that cost no FLOPs, all
-  one compiled peak) and steps the cheaper-plan search's model back by its excess; the
-  named strategies are compiled alone beside the plan's step. A first plan is 2 step
-  compiles and 5 scan-alone ones (4 to calibrate, 1 to check; at d_model 2048 2 + 7), 2 + 11
-  at 70B: 4 to calibrate, 2 checks, 4 in the search for a cheaper plan and the named `dots`
-  beside the step; that search now finds one (2.038 PFLOP per step against 2.170 before,
-  6% fewer, at 1138.5 of 1156.1 GiB).
+- Time: the first plan against one compile of the step: 1.8x at 1B (3.5x in the run above,
+  beside this session's jobs), 2.2x at 8B, 2.5x at 70B; 1.7-1.9x as the layers grow (8, 32,
+  80) and 1.9-2.4x as the width grows (512, 1024, 2048); 2.2x on the mesh (target 3x: met,
+  under this load). Feasible re-plans 0.4-0.7x (1B 1.3x and 1.8x above, 0.7x alone; target
+  1.3x); an infeasible re-plan tries more (8B 35%: 49 s, 2.1x). A first plan is 2 step
+  compiles and 5 scan-alone ones (4 to calibrate, 1 to check), 2 + 7 at d_model 2048 and
+  2 + 11 at 70B (more checks in the search for a cheaper plan).
 - Prediction: the first plan's predicted peak is within 3% of the compiled one at every size
-  on one host: 1B -1.1%, 8B -1.3%, 70B +1.5%, the trend at 8 layers -0.2%, 80 layers -2.2%
-  and d_model 2048 -0.0%; every re-plan is within 0.4%. The step's peak is predicted by
-  phase (`remat._plan._phases`): each scan-alone program and the un-checkpointed step are
-  read from XLA's dump, and a save set is charged the larger of its backward loop plus what
-  the step adds beside that loop and its stacks as that loop starts plus what the step adds
-  between the loops (the loss head). Left: 80 layers' -2.2% is XLA converting the last 1.25
-  GiB stack to float32 at the loss head in the plan's step (not in the un-checkpointed one).
-  The mesh row is within 3% too (-1.2%; -4.9% when it was fitted on two compiled steps):
-  its scan is compiled alone, placed on the mesh as the step's forward loop holds its inputs
-  (XLA splits the activations' model dimension over fsdp, not their batch: four times the
-  bytes per device the arguments' shardings suggest).
-- Shapes alone: planner RSS 0.53-0.66 GiB (target under 2 GiB at 70B, 0.56 GiB: met).
-- At the MaxText presets' own peaks at 8B: both fit; `full` at 1.000x its FLOPs, `minimal`
-  at 1.005x (target at most 1.000x: missed). Why (`benchmarks/preset_gap.py`): the
-  planner's rewrite of `minimal`'s own save set (the values named `query_proj`, `key_proj`,
-  `value_proj`, `out_proj`, `mlpwi_0`, `mlpwi_1`, `mlpwo`) compiles to 159,624,815,548
-  bytes at the preset's FLOPs, 53,952,448 bytes (0.03%) over the preset's 159,570,863,100.
-  The two programs' live bytes peak at the same 158,816,411,676 bytes in the backward loop
-  (XLA's dump by loop phase); the preset's temporaries buffer is packed tighter (its forward
-  loop keeps 2.1 GB more live, and XLA places the buffers differently). So the save set
-  with the preset's FLOPs is over its peak as the planner writes it, and the plan at the next
-  FLOPs tier fits (148.16 GiB). The cause is the planner's inlining of the jitted functions
-  in the scan body (`jnp.tril`, `jnp.where`, `nn.silu`; `_trace._tag.flatten`, so that
-  every value in them can be named): the preset's policy on the body with them inlined gives
-  the planner's 159,624,815,548 bytes, and with them kept as calls exactly the preset's
-  159,570,863,100 (and its phases). Next: a rewrite that keeps a jitted call whole where
-  none of its values is saved.
-- 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32 weights,
-  their gradients and Adam's two moments alone take 16 bytes per parameter.
+  and every trend point: 1B -1.1%, 8B -1.3%, 70B +1.5%, 8/32/80 layers -0.2/-0.0/-2.2%,
+  d_model 512/1024/2048 -0.0/-0.2/-0.0%, the mesh -1.2%; every feasible re-plan within
+  0.4%. The step's peak is predicted by phase (`remat._plan._phases`: each scan-alone
+  program and the un-checkpointed step read from XLA's dump by loop phase). 80 layers'
+  -2.2% is XLA converting the last 1.25 GiB stack to float32 at the loss head in the plan's
+  step (not in the un-checkpointed one). On the mesh the scan is compiled alone placed as
+  the step's forward loop holds its inputs (XLA splits the activations' model dimension over
+  fsdp, not their batch: four times the bytes per device the arguments' shardings suggest).
+- Shapes alone: planner RSS 0.56-0.71 GiB, 0.66 GiB at 70B (target under 2 GiB: met).
+- At the MaxText presets' own peaks: every plan fits (24 of 24). FLOPs no more than the
+  preset's in 17 of 24 (target: all): all eight at 1B (0.886-1.000x), six of eight at 8B,
+  three of eight at 70B. Missed: 8B `minimal` 1.005x and `save_dot_with_context_except_mlp`
+  1.018x; 70B `minimal` 1.047x, `minimal_with_context` 1.003x,
+  `save_dot_with_context_except_mlp` 1.013x, `save_dot_except_mlpwi` 1.003x, `save_out_proj`
+  1.015x. Each of these plans compiles under the preset's peak (70B: 0.1-1.7% under;
+  8B `save_dot_with_context_except_mlp`: 134.66 of 137.73 GiB, 2.2% under), so a cheaper
+  save set may fit; why the search did not reach one is known for two of them. 70B
+  `minimal`: the plan's own prediction was +1.5% (1171.0 GiB against 1153.49 compiled, as
+  the first plan's at 70B): a cheaper candidate predicted as far over its compiled peak
+  is put over a budget it fits. 8B `minimal`: the preset's own save set, as the planner
+  writes it (the body's jitted calls inlined), compiles 53,952,448 bytes (0.03%) over the
+  preset's peak (159,624,815,548 against 159,570,863,100; `preset_gap.py`). The other
+  five (predicted within 0.4% of their compiled peaks) are re-plans (the first plan of each
+  job is `minimal`'s), and a re-plan searches less: it knows the memory outside the scans
+  from an earlier plan and stops at its first candidate that fits. Planned first, on its
+  own (`run_job("presets", name=..., seq=4096, presets=["save_dot_with_context_except_mlp"])`,
+  load 11): 8B 0.991x (a re-plan: 1.018x), while 70B gets 1.035x (a re-plan: 1.013x; its
+  plan predicted 1108.5 GiB, compiled 1087.2: +2.0%, the 70B prediction again).
+- Keeping the body's jitted calls whole was tried and is not a fix: it moves the compiled
+  peak both ways. The preset's policy on the body with its calls kept compiles to exactly
+  the preset's 159,570,863,100 bytes at 8B (`preset_gap.py`, the `calls` row), but the
+  first plan's save set at 1B, as the planner writes it (every call inlined), compiles to
+  37,499,233,220 bytes and with the calls kept to 40,355,554,308 (+7.6%); `jnp.where`'s call
+  alone makes the difference (kept alone: 40,355,554,308; `jnp.tril` and `nn.silu` kept:
+  37,499,233,220), `preset_gap.py --model Llama-3.2-1B --plan 50% [--keep _where]`. The
+  planner inlines every call, as before.
+- 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32
+  weights, their gradients and Adam's two moments alone take 16 bytes per parameter.
 - The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (2 step compiles,
-  the un-checkpointed step and the plan, and 5 scan-alone ones; 4 step compiles before).
-  This row was run again on its own, after the rest (`run_job("mesh", devices=8,
-  seq=4096)`, at a load average of 2-6): one compile 8 s, the first plan 14 s (1.8x)."""
+  the un-checkpointed step and the plan, and 5 scan-alone ones)."""
 
 
 def _load_sentence(machine: str) -> str:
@@ -418,6 +420,16 @@ def _load_sentence(machine: str) -> str:
     )
 
 
+def _job_loads(result: dict) -> str:
+    """The 1-minute load averages at the jobs' ends (saved by `run_job`), lowest to highest."""
+    jobs = [*result["sizes"].values(), *result["presets"].values(), *result["trend"].values(),
+            *result["widths"].values(), result.get("mesh", {})]  # fmt: skip
+    loads = [job["load"][0] for job in jobs if "load" in job]
+    if not loads:
+        return ""
+    return f"The 1-minute load average as each job ended: {min(loads):.1f} to {max(loads):.1f}. "
+
+
 def markdown(result: dict, seconds: float) -> str:
     seq = result["seq"]
     cmd = "PYTHONPATH=src python benchmarks/scale_bench.py" + (
@@ -428,7 +440,7 @@ def markdown(result: dict, seconds: float) -> str:
         [
             MARKERS[0] + "\n## Planning real sizes from shapes (`benchmarks/scale_bench.py`)",
             f"Run {result.get('date', datetime.date.today())} on {machine}; {seconds:.0f} s in all. "
-            f"{_load_sentence(machine)}Reproduce with `{cmd}`.",
+            f"{_job_loads(result)}{_load_sentence(machine)}Reproduce with `{cmd}`.",
             f"The decoder of `remat._models._maxtext` at public Llama shapes (GQA, RoPE, SwiGLU, "
             f"RMSNorm, MaxText's `checkpoint_name`s, layers in one `nn.scan`), vocab {VOCAB}, batch "
             f"1, sequence {seq}, bf16 compute on float32 master weights, the training step with "
@@ -491,6 +503,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--from-json", type=Path, help="write the section from a saved run")
+    parser.add_argument("--json", type=Path, default=PARTIAL, help="where the run is saved")
     args = parser.parse_args()
     if args.child:
         child(args.child)
@@ -500,10 +513,10 @@ def main() -> None:
         result = json.loads(args.from_json.read_text())
         seconds = result.get("seconds", 0.0)
     else:
-        result = run(args.quick)
+        result = run(args.quick, args.json)
         seconds = result["seconds"] = time.perf_counter() - start
         result["machine"], result["date"] = machine_line(), str(datetime.date.today())
-        save(result)
+        save(result, args.json)
     print_table("sizes", ["model", "compile s", "peak GiB", "budget", *PLAN_HEAD, "RSS GiB"],
                 size_rows(result))  # fmt: skip
     text = markdown(result, seconds)

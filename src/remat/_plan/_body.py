@@ -101,9 +101,9 @@ def scan_memories(
     this machine's default) with its options (`_compile.scan_options`); with ``phases``,
     each with its phases read from XLA's dump (`remat._measure._phases.loop_phases`; see
     `remat._plan._phases`)."""
-    options = scan_options(_platform_device(device))
+    where = _platform(device)
+    options = scan_options(where)
     if not phases:  # a compiler that knows its device's memory may refuse one (`_Refusable`)
-        where = _platform(device)
         lowerings = ((lambda r=r: _Refusable(*_lowered(*r, device), where)) for r in requests)
         return [ScanMemory(_memory(c)) for c in compile_each(lowerings, SCAN, options=options)]
     lowerings = ((lambda r=r: lower_scan(*r, device)) for r in requests)

@@ -80,16 +80,19 @@ def tally() -> tuple[dict[str, int], dict[str, float]]:
     return _TALLY.snapshot()
 
 
-def scan_options(device: Any = None) -> dict[str, Any]:
-    """The options a scan-alone program compiles with for ``device`` (None: this machine's
-    default backend): `SCAN_CPU_OPTIONS` on the CPU, else `COMPILER_OPTIONS`.
+def scan_options(platform: str | None = None) -> dict[str, Any]:
+    """The options a scan-alone program compiles with on ``platform`` (``"cpu"``, ``"tpu"``,
+    ...; None: this machine's default backend): `SCAN_CPU_OPTIONS` on the CPU, else
+    `COMPILER_OPTIONS`.
 
     Example:
-      >>> from remat._plan._compile import scan_options
+      >>> from remat._plan._compile import COMPILER_OPTIONS, scan_options
       >>> scan_options()["xla_cpu_use_fusion_emitters"]  # this machine: the CPU
       False
+      >>> scan_options("tpu") is COMPILER_OPTIONS
+      True
     """
-    platform = jax.default_backend() if device is None else getattr(device, "platform", "")
+    platform = jax.default_backend() if platform is None else platform
     return SCAN_CPU_OPTIONS if platform == "cpu" else COMPILER_OPTIONS
 
 
