@@ -62,6 +62,10 @@ RUNS = [
 ]
 QUICK_RUNS = [("Llama-3.2-1B (4 layers)", {**LLAMA_1B, "layers": 4}, "tpu:v5e-4", 4, 1024, "data")]
 STRATEGIES = ("none", "minimal", "save_qkv_proj", "full")
+# MaxText's presets, given to the planner (`remat.plan`'s ``strategies``): compiled beside its
+# own candidates, so that the plan is never dearer than one of them that fits.
+GIVEN = tuple("names:" + ",".join(PRESETS[s]) if PRESETS[s] else s
+              for s in STRATEGIES if PRESETS[s] is not None)  # fmt: skip
 _OOM = re.compile(r"required for HLO temporaries \(([0-9.]+)G\)|Used ([0-9.]+)G of")
 
 
@@ -152,7 +156,8 @@ def plan_at_hbm(sizes: dict, target: remat.Target, parallelism: str) -> dict:
     try:
         with warnings.catch_warnings():  # a budget above what the compiler gives: said below
             warnings.simplefilter("ignore", remat.RematWarning)
-            plan = remat.plan(loss, *args, budget=target.hbm_bytes, target=target, verbose=False)
+            plan = remat.plan(loss, *args, budget=target.hbm_bytes, target=target,
+                              verbose=False, strategies=GIVEN)  # fmt: skip
     except remat.InfeasibleBudget as err:
         return dict(seconds=time.perf_counter() - start, error=str(err).splitlines()[0])
     except ValueError as err:  # the compiler refused even the step that recomputes everything
