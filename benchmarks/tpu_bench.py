@@ -15,8 +15,9 @@ slices these sizes train on (one sequence per chip):
   compiler's own ``peak_memory_in_bytes`` beside it, and matmul FLOPs per chip; a step the
   compiler refuses ("Ran out of memory on HBM") is shown with the HBM it asked for;
 - ``remat.plan`` at the chip's HBM (16 GiB v5e, 95 GiB v5p; a budget above what the compiler
-  gives a program, 15.75 GiB of a v5e's 16, is planned at that): plan time, compiles, its
-  peak and FLOPs. The compiler refuses the un-checkpointed step of both, so the planner starts
+  gives a program, 15.75 GiB of a v5e's 16, is planned at that), given MaxText's presets
+  (``strategies=``, `GIVEN`): plan time, compiles, its peak and FLOPs. The compiler refuses
+  the un-checkpointed step of both, so the planner starts
   from the step that recomputes everything (`remat._plan._baseline`).
 
 Usage (needs libtpu: ``pip install 'remat[tpu]'``):
@@ -211,7 +212,8 @@ def main() -> None:
             saved = json.loads(Path(path).read_text())
             rows += [tuple(r) for r in saved["rows"]]
             plan_rows += [tuple(r) for r in saved["plan_rows"]]
-            machines.append(saved["machine"])
+            machine = saved["machine"]  # a run's line, or the lines of rows kept from runs
+            machines += machine if isinstance(machine, list) else [machine]
         return write(head, rows, plan_head, plan_rows, machines)
     runs = QUICK_RUNS if opts.quick else RUNS
     if opts.only is not None:
@@ -292,9 +294,12 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "refuses every un-checkpointed step, so `remat.plan` starts from the step that "
         "recomputes everything and takes the un-checkpointed step's peak from the refusal "
         "(docs/tpu.md); a budget of a v5e's 16 GiB is planned at the 15.75 GiB the compiler "
-        "gives a program. The plan's FLOPs are against "
-        "the un-checkpointed step's (the recomputing step's less the cost model's "
-        "recomputation). Compile and plan seconds were measured while other jobs loaded this "
+        "gives a program. The planner is given MaxText's presets "
+        "(`strategies=`: compiled beside its own candidates, so the plan is never dearer "
+        "than one that fits; near a chip's memory the compiler recomputes values of its own "
+        "accord, which the cost model does not see, docs/tpu.md). The plan's FLOPs are "
+        "against the un-checkpointed step's, counted on its jaxpr (it is refused). Compile "
+        "and plan seconds were measured while other jobs loaded this "
         "machine's 2 cores.",
         "",
         markdown_table(head, rows),
