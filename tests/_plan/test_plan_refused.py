@@ -216,3 +216,22 @@ def test_a_refused_scan_alone_program_is_the_size_its_refusal_states():
     assert memory.temp_bytes == 3 * 2**20 - argument - output
     assert memory.peak_bytes == 3 * 2**20
     assert _memory(_Refusable(lowered, io, "cpu").compile()).temp_bytes > 0  # compiles on CPU
+
+
+def test_a_refusable_scan_alone_program_is_compiled_once_by_its_own_method(monkeypatch):
+    """`compile_lowered` hands a scan-alone `_Refusable` program to its own
+    ``compile_measured`` (which measures its lowering, on the platform that lowering is for),
+    never to `compile_measured` on the wrapper, whose platform it cannot read."""
+    from remat._plan import _body
+    from remat._plan._body import _lowered, _memory, _Refusable
+
+    (info,) = remat.list_scans(loss, WS, X[:8])
+    lowered, io = _lowered(info, None, info.length)
+    calls = []
+    for module in (_body, _compile):
+        real = module.compile_measured
+        monkeypatch.setattr(module, "compile_measured",
+                            lambda low, options=None, real=real: calls.append(low) or real(low, options))  # fmt: skip
+    compiled = _compile.compile_lowered(_Refusable(lowered, io, "cpu"), _compile.SCAN)
+    assert calls == [lowered]
+    assert _memory(compiled).temp_bytes > 0
