@@ -101,7 +101,7 @@ def test_strategies_are_checked_before_anything_is_compiled(decoder, strategies,
         remat.plan(loss, *args, budget="90%", verbose=False, strategies=strategies)
 
 
-def test_a_strategy_naming_no_value_of_a_scan_is_refused_with_the_names_it_has():
+def test_a_strategy_naming_no_value_of_the_scans_is_refused_with_the_names_they_have():
     import jax.numpy as jnp
     from jax.ad_checkpoint import checkpoint_name
 
@@ -115,7 +115,9 @@ def test_a_strategy_naming_no_value_of_a_scan_is_refused_with_the_names_it_has()
         return (jax.lax.scan(body, x, ws)[0] ** 2).sum()
 
     prep = prepare(loss, (jnp.ones((3, 8, 8)), jnp.ones((4, 8))), 0, False)
-    with pytest.raises(ValueError, match=r"no value of scan 0 has any of these names.*: a, b\)"):
+    with pytest.raises(
+        ValueError, match=r"no value of the program's scans has any of these names.*: a, b\)"
+    ):
         given_choice(prep, "names:nope,nor_this")
     # names the program does not use are ignored, as `save_only_these_names` ignores them
     _, choice = given_choice(prep, "names:a,qkv_proj")

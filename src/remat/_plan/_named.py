@@ -181,8 +181,8 @@ def try_named(
 
 
 _NO_SUCH_NAME = (
-    "`remat.plan` got the strategy {got!r}, but no value of scan {scan} has any of these "
-    "names (its `checkpoint_name`s: {names}); give names the program's scans use."
+    "`remat.plan` got the strategy {got!r}, but no value of the program's scans has any of "
+    "these names (their `checkpoint_name`s: {names}); give names the scans use."
 )
 
 
@@ -190,21 +190,21 @@ def given_choice(prep: Prepared, strategy: str) -> tuple[Solution, Choice]:
     """The per-step plan that runs every scan with ``strategy``: one of `NAMES`, or
     ``"names:a,b"``, saving the values the program names ``a`` and ``b`` with
     ``checkpoint_name`` (the ``name`` equations' outputs; a value reached through one of
-    them is not saved twice). As with ``save_only_these_names``, names the program does not
-    use are ignored, but not all of them."""
+    them is not saved twice). As with ``save_only_these_names``, names a scan does not use
+    are ignored (a scan with none of them saves nothing), but not every name everywhere."""
     if strategy in NAMES:
         return named_choice(prep, (strategy,) * len(_per_step(prep)))
     wanted = {n.strip() for n in strategy.partition(":")[2].split(",") if n.strip()}
-    parts = []
+    parts, names = [], set()
     for o in _per_step(prep):
         values = prep.models[prep.cands[o].scan].values
         named = {i for i, v in enumerate(values) if v.user_name in wanted and v.primitive == "name"}
-        if not named:
-            names = sorted({v.user_name for v in values if v.user_name})
-            raise ValueError(_NO_SUCH_NAME.format(
-                got=strategy, scan=prep.models[prep.cands[o].scan].index,
-                names=", ".join(names) or "none"))  # fmt: skip
+        names |= {v.user_name for v in values if v.user_name}
         parts.append(fixed_solution(prep.cands, prep.offsets, [o], frozenset(named)))
+    if not wanted & names:
+        raise ValueError(
+            _NO_SUCH_NAME.format(got=strategy, names=", ".join(sorted(names)) or "none")
+        )
     solution = _merged(parts)
     choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
                     prep.slice)  # fmt: skip
