@@ -10,11 +10,18 @@ a scanned bf16 MLP (8 layers, 16384 tokens split over a v5e 2x2, 1024 -> 4096) d
 parallel and with its weights sharded (FSDP), as written and checkpointed, instead.
 
 ``--by-op`` adds each step's matmul FLOPs per chip by the JAX operation they come from (the
-HLO's ``op_name``; a matmul the compiler repeats keeps its name).
+HLO's ``op_name``; a matmul the compiler repeats keeps its name). ``--run N`` compiles
+`tpu_bench.py`'s run N (its model, slice, batch and placement) instead, ``--slice`` another
+slice of as many chips (the same program with more HBM: a v5p's 95 GiB for a v5e's 16), and
+``--presets`` takes ``a,b`` for the values named ``a`` and ``b`` too. The TPU compiler logs its
+own rematerialization (its limit, 95% of the HBM it gives a program, and the bytes before and
+after) to stderr with ``TPU_STDERR_LOG_LEVEL=0 TPU_MIN_LOG_LEVEL=0``.
 
 Usage (needs libtpu: ``pip install 'remat[tpu]'``):
   PYTHONPATH=src python benchmarks/tpu_hbm.py [--layers 2 4] [--presets save_qkv_proj] [--by-op]
   PYTHONPATH=src python benchmarks/tpu_hbm.py --mlp
+  PYTHONPATH=src python benchmarks/tpu_hbm.py --run 0 --layers 16 --by-op   # tpu_bench's run 0
+  PYTHONPATH=src python benchmarks/tpu_hbm.py --run 0 --layers 16 --slice tpu:v5p-8  # more HBM
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from remat._measure._hlo import hlo_flops
 from remat._measure._peak import compiled_memory
 from remat._measure._step import lower_step
 from remat._models._maxtext import PRESETS
-from tpu_bench import LLAMA_8B, placed
+from tpu_bench import LLAMA_8B, RUNS, placed
 
 GIB = 2.0**30
 MIB = 2.0**20
@@ -125,22 +132,36 @@ def mlp() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--presets", nargs="+", default=["save_qkv_proj"])
+    parser.add_argument(
+        "--presets",
+        nargs="+",
+        default=["save_qkv_proj"],
+        help="MaxText presets, or names to save (value_proj,out_proj)",
+    )
     parser.add_argument("--mlp", action="store_true", help="the scanned MLP on a v5e 2x2")
     parser.add_argument("--by-op", action="store_true", help="FLOPs per JAX operation")
+    parser.add_argument("--run", type=int, help="tpu_bench.py's RUNS[N] instead of 8B FSDP")
+    parser.add_argument("--slice", help="compile for this slice instead (e.g. tpu:v5p-8)")
     opts = parser.parse_args()
     if opts.mlp:
         mlp()
         print("load average (1/5/15 min): " + " / ".join(f"{x:.1f}" for x in os.getloadavg()))
         return
-    target = remat.parse_target("tpu:v5e-16")
+    model, base, slice_, batch, seq, parallelism = (
+        RUNS[opts.run] if opts.run is not None
+        else ("Llama-3-8B", LLAMA_8B, "tpu:v5e-16", 16, 4096, "fsdp")
+    )  # fmt: skip
+    slice_ = opts.slice or slice_
+    target = remat.parse_target(slice_)
+    print(f"{model} on {slice_}, {parallelism}, {batch} x {seq}", flush=True)
     print("layers, preset: temp + argument + output - alias | peak_memory_in_bytes | "
           "HBM of the buffer assignment (GiB per chip), TFLOP per chip, compile s",
           flush=True)  # fmt: skip
     for layers in opts.layers:
         for preset in opts.presets:
-            sizes = {**LLAMA_8B, "layers": layers, "batch": 16, "seq": 4096}
-            loss, args = placed(PRESETS[preset], sizes, target, "fsdp")
+            sizes = {**base, "layers": layers, "batch": batch, "seq": seq}
+            names = PRESETS[preset] if preset in PRESETS else tuple(preset.split(","))
+            loss, args = placed(names, sizes, target, parallelism)
             start = time.perf_counter()
             compiled = compile_measured(lower_step(loss, args, 0))
             seconds = time.perf_counter() - start

@@ -86,6 +86,35 @@ def test_relative_budget_is_of_the_peak_the_refusal_states(plain):
     np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-7)
 
 
+def test_stand_in_flops_are_the_jaxprs_whatever_the_compiler_adds_to_the_recomputing_step(plain):
+    """Near a chip's memory the TPU compiler recomputes values of its own accord, so the step
+    that recomputes everything can do more matmul FLOPs than its checkpoints ask for: the
+    stand-in's FLOPs are the un-checkpointed step's counted on its jaxpr, never that step's
+    measured FLOPs less the model's recomputation. Here the compiler is made to add 1 GFLOP
+    to the recomputing step."""
+    import dataclasses
+
+    from remat._plan import _baseline
+
+    extra = 1e9
+    real = _baseline.compile_measure
+
+    def compile_measure(fn, args, argnums, label, baseline, **kw):
+        out = real(fn, args, argnums, label, baseline, **kw)
+        return dataclasses.replace(out, flops=out.flops + extra) if label == "full" else out
+
+    limit = plain.peak_bytes * 6 // 10
+    with refusing(limit), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_baseline, "compile_measure", compile_measure)
+        p = remat.plan(loss, WS, X, budget="50%", verbose=False)
+        know = next(iter(_memo._MEMORY.values()))
+    assert p.baseline_flops == plain.flops == _baseline.traced_step_flops(loss, (WS, X), 0)
+    # the recomputing step less the model's recomputation would have been 1 GFLOP over it
+    ((nothing, full),) = know.prepared.compiled
+    assert nothing.flops > 0
+    assert full.flops - nothing.flops == pytest.approx(plain.flops + extra, rel=1e-9)
+
+
 def test_budget_above_what_the_compiler_gives_is_planned_at_it(plain):
     limit = plain.peak_bytes * 6 // 10
     with refusing(limit), warnings.catch_warnings(record=True) as caught:
@@ -187,3 +216,22 @@ def test_a_refused_scan_alone_program_is_the_size_its_refusal_states():
     assert memory.temp_bytes == 3 * 2**20 - argument - output
     assert memory.peak_bytes == 3 * 2**20
     assert _memory(_Refusable(lowered, io, "cpu").compile()).temp_bytes > 0  # compiles on CPU
+
+
+def test_a_refusable_scan_alone_program_is_compiled_once_by_its_own_method(monkeypatch):
+    """`compile_lowered` hands a scan-alone `_Refusable` program to its own
+    ``compile_measured`` (which measures its lowering, on the platform that lowering is for),
+    never to `compile_measured` on the wrapper, whose platform it cannot read."""
+    from remat._plan import _body
+    from remat._plan._body import _lowered, _memory, _Refusable
+
+    (info,) = remat.list_scans(loss, WS, X[:8])
+    lowered, io = _lowered(info, None, info.length)
+    calls = []
+    for module in (_body, _compile):
+        real = module.compile_measured
+        monkeypatch.setattr(module, "compile_measured",
+                            lambda low, options=None, real=real: calls.append(low) or real(low, options))  # fmt: skip
+    compiled = _compile.compile_lowered(_Refusable(lowered, io, "cpu"), _compile.SCAN)
+    assert calls == [lowered]
+    assert _memory(compiled).temp_bytes > 0

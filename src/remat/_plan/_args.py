@@ -36,6 +36,23 @@ _BAD_BUDGETS = (
     "`remat.plan_budgets` got budgets={got!r}; pass a list of budgets, each as `remat.plan` "
     "takes it, e.g. budgets=['75%', '50%', '2GiB']."
 )
+_BAD_STRATEGIES = (
+    "`{where}` got strategies={got!r}; pass a list of strategies to compile beside the "
+    "plan, each 'full', 'dots', 'everything' or 'names:a,b' (values the program names with "
+    "`checkpoint_name`), e.g. strategies=['names:query_proj,key_proj,value_proj']."
+)
+STRATEGY_NAMES = ("full", "dots", "everything")
+
+
+def check_strategies(value: Any, where: str = "remat.plan") -> tuple[str, ...]:
+    """``value`` as a tuple of strategy strings (see `_BAD_STRATEGIES`); else a ValueError."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ValueError(_BAD_STRATEGIES.format(where=where, got=value))
+    for s in value:
+        named = isinstance(s, str) and s.startswith("names:")
+        if not (s in STRATEGY_NAMES or (named and any(n.strip() for n in s[6:].split(",")))):
+            raise ValueError(_BAD_STRATEGIES.format(where=where, got=value))
+    return tuple(value)
 
 
 def check_bool(value: Any, name: str, where: str = "remat.plan") -> bool:

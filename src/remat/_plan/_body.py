@@ -138,6 +138,10 @@ class _Refusable:
                 output=output, alias=0, platform=self.platform,
             ))  # fmt: skip
 
+    # `_compile.compile_lowered` compiles a program with this method, where it has one: the
+    # program measures itself (`compile_measured` on its lowering, whose platform it knows).
+    compile_measured = compile
+
 
 class _RefusedScan:
     """A scan-alone program the compiler refused, with the memory its refusal states (the

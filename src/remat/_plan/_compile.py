@@ -124,9 +124,11 @@ def compile_lowered(
 
 
 def _compile(lowered: Any, options: dict[str, Any], dump: bool) -> tuple[Any, Any]:
-    """``(compiled, XLA's dump or None)``."""
+    """``(compiled, XLA's dump or None)``; a program with a ``compile_measured`` method of its
+    own (`remat._plan._body._Refusable`) is compiled by it."""
     if not dump:
-        return compile_measured(lowered, options), None
+        own = getattr(lowered, "compile_measured", None)
+        return (compile_measured(lowered, options) if own is None else own(options)), None
     from .._measure._xla_dump import compile_with_dump
 
     return compile_with_dump(lowered, options)

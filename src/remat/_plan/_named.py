@@ -13,6 +13,12 @@ calibration), and the cheapest predicted to fit is compiled and measured, at mos
 them. With more scans than `ALL_COMBINATIONS` allows, the uniform choices and
 each scan's named option with the others ``full`` are the candidates.
 
+Strategies the caller gives (`remat.plan`'s ``strategies``: ``"names:a,b"`` or a named one on
+every scan, `given_choice`) are compiled whole, each once per program, unless the model's
+FLOPs for one already reach the cheapest plan measured (`try_given`): near a TPU chip's memory
+the compiler recomputes values of its own accord, by amounts the cost model does not see, so
+a save set the model ranks dearer can compile cheaper (docs/tpu.md).
+
 `describe` names a compiled point by its strategies, for `remat.InfeasibleBudget`.
 """
 
@@ -23,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._alone import check_alone
+from ._baseline import REFUSED
 from ._calibrate import Prepared
 from ._memo import Knowledge, Known, choice_key, cost, step_flops
 from ._milp import Solution
@@ -171,6 +178,63 @@ def try_named(
         verify(key, choice, alone)
         if know.measured[key].measured.peak_bytes <= budget_bytes:
             return
+
+
+_NO_SUCH_NAME = (
+    "`remat.plan` got the strategy {got!r}, but no value of the program's scans has any of "
+    "these names (their `checkpoint_name`s: {names}); give names the scans use."
+)
+
+
+def given_choice(prep: Prepared, strategy: str) -> tuple[Solution, Choice]:
+    """The per-step plan that runs every scan with ``strategy``: one of `NAMES`, or
+    ``"names:a,b"``, saving the values the program names ``a`` and ``b`` with
+    ``checkpoint_name`` (the ``name`` equations' outputs; a value reached through one of
+    them is not saved twice). As with ``save_only_these_names``, names a scan does not use
+    are ignored (a scan with none of them saves nothing), but not every name everywhere."""
+    if strategy in NAMES:
+        return named_choice(prep, (strategy,) * len(_per_step(prep)))
+    wanted = {n.strip() for n in strategy.partition(":")[2].split(",") if n.strip()}
+    parts, names = [], set()
+    for o in _per_step(prep):
+        values = prep.models[prep.cands[o].scan].values
+        named = {i for i, v in enumerate(values) if v.user_name in wanted and v.primitive == "name"}
+        names |= {v.user_name for v in values if v.user_name}
+        parts.append(fixed_solution(prep.cands, prep.offsets, [o], frozenset(named)))
+    if not wanted & names:
+        raise ValueError(
+            _NO_SUCH_NAME.format(got=strategy, names=", ".join(sorted(names)) or "none")
+        )
+    solution = _merged(parts)
+    choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
+                    prep.slice)  # fmt: skip
+    return solution, choice
+
+
+def try_given(
+    prep: Prepared,
+    know: Knowledge,
+    budget_bytes: int,
+    strategies: tuple[str, ...],
+    best: Known | None,
+    verify: Callable[[Any, Choice], None],
+) -> None:
+    """Compiles each of ``strategies`` (`given_choice`) not compiled before for the program,
+    cheapest by the model first, skipping those whose model FLOPs are not below the cheapest
+    plan that fits (``best``, updated as they compile: the compiler only adds to what the
+    model counts). ``verify(key, choice)`` compiles and records one."""
+    chosen = sorted((given_choice(prep, s)[1] for s in strategies), key=lambda c: c.flops)
+    for choice in chosen:
+        key = choice_key(choice)
+        if key in know.measured:
+            continue
+        if best is not None and step_flops(prep, choice) >= cost(prep, best):
+            continue
+        verify(key, choice)
+        known = know.measured[key]
+        fits = known.measured.peak_bytes <= budget_bytes and known.measured.peak_source != REFUSED
+        if fits and (best is None or cost(prep, known) < cost(prep, best)):
+            best = known
 
 
 def describe(prep: Prepared, choice: Choice) -> str:

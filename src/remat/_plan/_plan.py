@@ -54,6 +54,7 @@ from ._args import (
     check_device_memory,
     check_host_bandwidth,
     check_max_rounds,
+    check_strategies,
     read_budgets,
 )
 from ._calibrate import check_inputs, prepare
@@ -83,6 +84,7 @@ def plan(
     roll: bool = True,
     verbose: bool = True,
     target: Any = None,
+    strategies: Sequence[str] = (),
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -145,6 +147,15 @@ def plan(
         or its name (``"tpu:v5e:2x2"``); the arguments are placed on it
         (`remat.Target.place`) and every calibration and verification compile is the TPU
         compiler's. The plan applies to the step run on that slice.
+      strategies: save sets to compile and measure beside the plan's own candidates, each
+        on every scan: ``"full"``, ``"dots"``, ``"everything"``, or ``"names:a,b"`` (the
+        values the program names ``a`` and ``b`` with ``jax.ad_checkpoint.checkpoint_name``).
+        The plan returned is never dearer, by measured FLOPs, than the cheapest of them
+        that fits. Give the save sets you would otherwise use (MaxText's ``remat_policy``
+        presets): near a TPU chip's memory the compiler recomputes values of its own
+        accord, by amounts no cost model sees, so a save set the model ranks dearer can
+        compile cheaper (docs/tpu.md). One whose model FLOPs already reach the cheapest
+        plan measured is not compiled.
 
     What is learned about a program (the baseline, the calibration, every plan compiled) is
     kept in memory by its fingerprint: planning it again at another budget compiles the
@@ -189,6 +200,7 @@ def plan(
     check_bool(per_layer, "per_layer")
     check_bool(offload, "offload")
     check_bool(verbose, "verbose")
+    strategies = check_strategies(strategies)
     device_memory = check_device_memory(device_memory)
     if host_bandwidth is not None:
         host_bandwidth = check_host_bandwidth(host_bandwidth)
@@ -224,7 +236,7 @@ def plan(
             return _finished(result, spec, user)
         know = knowledge(fn, args, spec, schedules, bandwidth, progress, per_layer)
         plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
-                              since)  # fmt: skip
+                              since, strategies)  # fmt: skip
         return _finished(plan_, spec, user)
 
 
@@ -320,6 +332,7 @@ def plan_budgets(
     roll: bool = True,
     verbose: bool = True,
     target: Any = None,
+    strategies: Sequence[str] = (),
 ) -> list[Plan | InfeasibleBudget]:
     """`remat.plan` at several budgets at once, sharing the tracing, the calibration and
     every compiled plan (a plan compiled for one budget competes at the others).
@@ -333,8 +346,9 @@ def plan_budgets(
       budgets: the budgets, each as `remat.plan`'s ``budget`` (bytes, ``"512MiB"``,
         ``"50%"`` or a fraction of the un-checkpointed peak); all are checked before anything
         is compiled.
-      argnums, schedules, per_layer, max_rounds, has_aux, optimizer, roll, verbose, target:
-        as for `remat.plan` (``target`` compiles for a TPU slice).
+      argnums, schedules, per_layer, max_rounds, has_aux, optimizer, roll, verbose, target,
+        strategies: as for `remat.plan` (``target`` compiles for a TPU slice; each of
+        ``strategies`` is compiled once, and competes at every budget).
 
     Returns:
       One entry per budget, in order: a `remat.Plan`, or the `remat.InfeasibleBudget` error
@@ -364,6 +378,7 @@ def plan_budgets(
     check_bool(per_layer, "per_layer", "remat.plan_budgets")
     check_max_rounds(max_rounds, "remat.plan_budgets")
     check_bool(verbose, "verbose", "remat.plan_budgets")
+    strategies = check_strategies(strategies, "remat.plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
     if compile_target is not None:
         args = compile_target.place(args, argnums_of(spec), "remat.plan_budgets")
@@ -388,7 +403,7 @@ def plan_budgets(
         for budget in read:  # the first plan's stats include the shared preparation
             try:
                 plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know, progress,
-                                      since)  # fmt: skip
+                                      since, strategies)  # fmt: skip
                 out.append(_finished(plan_, spec, user))
             except InfeasibleBudget as err:
                 out.append(err)

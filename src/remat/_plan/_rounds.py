@@ -34,7 +34,7 @@ from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
 from ._named import ahead as named_ahead
-from ._named import describe, try_named
+from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
 from ._options import Choice, decode
 from ._perlayer import uniform_of
@@ -72,10 +72,12 @@ def plan_prepared(
     knowledge: Knowledge | None = None,
     progress: Any = None,
     since: tuple[Any, ...] | None = None,
+    strategies: tuple[str, ...] = (),
 ) -> Plan:
     """Solves, checks, compiles and measures for one budget (see `plan` and the module
     docstring); ``knowledge`` is what is known about the program (`_memo`), updated here;
-    ``since`` is ``(tally(), perf_counter())`` when the plan began, if before this call."""
+    ``since`` is ``(tally(), perf_counter())`` when the plan began, if before this call;
+    ``strategies`` are compiled beside the plan's candidates (`_named.try_given`)."""
     say = progress or (lambda _: None)
     know = knowledge if knowledge is not None else Knowledge(prep)
     (counts0, seconds0), clock = since or (tally(), time.perf_counter())
@@ -94,6 +96,11 @@ def plan_prepared(
     if uniform is not prep:
         rounds += _per_layer(prep, know, budget_bytes, say)
     best = best_known(prep, know, budget_bytes)
+    if strategies:  # never dearer than a strategy the caller gives
+        say("compiling the given strategies")
+        try_given(prep, know, budget_bytes, strategies, best,
+                  lambda key, choice: _verify(prep, know, key, choice, know.margin or 0.0))  # fmt: skip
+        best = best_known(prep, know, budget_bytes)
     if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
@@ -308,7 +315,9 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
     """Compiles and measures the step with ``choice`` and records it in ``know`` under
     ``key``, with its prediction (the scan-alone ``alone``, or what ``beside``, run while
     the step compiles, returns, plus ``margin``) and the memory outside the scans it shows.
-    ``ahead`` (`_look_ahead`) also runs while the step compiles."""
+    ``ahead`` (`_look_ahead`) also runs while the step compiles. Without ``alone`` or
+    ``beside`` (a strategy the caller gives) the prediction is the model's, and the memory
+    outside the scans is left as it was."""
 
     def meanwhile():
         out = beside() if beside is not None else None
@@ -328,17 +337,25 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
         if beside is not None:
             alone, _ = beside()
         measured = refused(prep.baseline, refusal, step_flops(prep, choice))
-        if refusal.asked_bytes is not None:  # the size it states corrects the model as a peak
+        if refusal.asked_bytes is not None and alone is not None:  # corrects the model
             know.margin = refusal.asked_bytes - alone
-        know.measured[key] = Known(choice, measured, int(alone + margin), alone)
+        know.measured[key] = Known(choice, measured, _predicted(prep, choice, alone, margin),
+                                   alone)  # fmt: skip
         return
     if beside is not None:
         measured, (alone, _) = measured
     elif ahead is not None:
         measured, _ = measured
     check_offloaded(choice, measured)
-    know.margin = peak_of(measured) - alone
-    know.measured[key] = Known(choice, measured, int(alone + margin), alone)
+    if alone is not None:
+        know.margin = peak_of(measured) - alone
+    know.measured[key] = Known(choice, measured, _predicted(prep, choice, alone, margin), alone)
+
+
+def _predicted(prep: Prepared, choice: Choice, alone: float | None, margin: float) -> int:
+    """The peak predicted for ``choice``: its scans alone (``alone``), else the model's,
+    with the memory outside the scans (``margin``)."""
+    return int((prep.base + choice.model_bytes if alone is None else alone) + margin)
 
 
 def _look_ahead(prep, know, budget_bytes, options, tight, excluded, above, after, choice,

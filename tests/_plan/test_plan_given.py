@@ -1,0 +1,125 @@
+"""Strategies the caller gives (`remat.plan`'s ``strategies``) compete with the plan's own
+candidates by their compiled FLOPs.
+
+Near a TPU chip's memory the compiler recomputes values of its own accord, by amounts no cost
+model sees (docs/tpu.md), so the model's cheapest candidate can compile dearer than a save set
+it ranks below. The CPU backend never does that; here a fake compiler adds the same FLOPs to
+every step the planner compiles except the one that saves MaxText's ``save_qkv_proj`` names.
+"""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+import remat
+from conftest import assert_tree_allclose
+from remat._models._maxtext import PRESETS, make_decoder
+from remat._plan import _memo, _rounds
+from remat._plan._memo import choice_key
+from remat._plan._named import given_choice
+
+QKV = "names:" + ",".join(PRESETS["save_qkv_proj"])
+SIZES = dict(layers=2, d_model=32, heads=2, mlp_dim=64, seq=16, batch=2, vocab=64)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    loss, args = make_decoder(None, SIZES)
+    return loss, args, remat.measure(loss, *args, repeats=0)
+
+
+@pytest.fixture(scope="module")
+def recomputing_compiler(decoder):
+    """The plans of the decoder at 90% without and with ``strategies=[QKV]``, compiled by a
+    compiler that adds half the un-checkpointed step's FLOPs to every plan but ``QKV``."""
+    _, _, plain = decoder
+    extra = plain.flops / 2
+    real_rewrite, real_compile = _rounds._rewrite, _rounds.compile_measure
+
+    def rewrite(prep, choice):
+        fn = real_rewrite(prep, choice)
+
+        def marked(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        marked.given = choice_key(choice) == choice_key(given_choice(prep, QKV)[1])
+        return marked
+
+    def compile_measure(fn, *args, **kwargs):
+        out = real_compile(fn, *args, **kwargs)
+        if getattr(fn, "given", True):
+            return out
+        import dataclasses
+
+        if isinstance(out, tuple):
+            return (dataclasses.replace(out[0], flops=out[0].flops + extra), *out[1:])
+        return dataclasses.replace(out, flops=out.flops + extra)
+
+    _memo.forget()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_rounds, "_rewrite", rewrite)
+        mp.setattr(_rounds, "compile_measure", compile_measure)
+        loss, args, _ = decoder
+        own = remat.plan(loss, *args, budget="90%", verbose=False)
+        given = remat.plan(loss, *args, budget="90%", verbose=False, strategies=[QKV])
+    _memo.forget()
+    return own, given, extra
+
+
+def _saved_names(plan) -> set[str]:
+    return {v.user_name for s in plan.scans for v in s.saved if v.user_name}
+
+
+def test_a_given_strategy_the_compiler_makes_cheaper_is_the_plan(decoder, recomputing_compiler):
+    loss, args, plain = decoder
+    own, given, extra = recomputing_compiler
+    # on its own the planner returns its cheapest candidate, which the compiler made dearer
+    assert own.measured.flops >= plain.flops + extra
+    assert {"mlpwi_0", "mlpwi_1", "out_proj"} & _saved_names(own)
+    # given `save_qkv_proj`, the planner compiles it (once) and returns it: cheaper measured
+    assert given.measured.flops < own.measured.flops
+    assert given.measured.flops < plain.flops + extra
+    assert {"query_proj", "key_proj", "value_proj"} <= _saved_names(given)
+    assert not {"mlpwi_0", "mlpwi_1", "out_proj"} & _saved_names(given)
+    assert given.measured_peak_bytes <= given.budget_bytes
+    assert given.stats.step_compiles <= 2  # a round of its own, and the given strategy
+    assert_tree_allclose(jax.grad(given.fn)(*args), jax.grad(loss)(*args))
+
+
+@pytest.mark.parametrize(
+    "strategies, match",
+    [
+        ("full", "got strategies='full'; pass a list"),
+        (["names: ,"], "pass a list of strategies"),
+        (["dots", "offload:a"], "pass a list of strategies"),
+    ],
+)
+def test_strategies_are_checked_before_anything_is_compiled(decoder, strategies, match):
+    loss, args, _ = decoder
+    with pytest.raises(ValueError, match=match):
+        remat.plan(loss, *args, budget="90%", verbose=False, strategies=strategies)
+
+
+def test_a_strategy_naming_no_value_of_the_scans_is_refused_with_the_names_they_have():
+    import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
+
+    from remat._plan._calibrate import prepare
+
+    def loss(ws, x):
+        def body(h, w):
+            a = checkpoint_name(jnp.sin(h @ w), "a")
+            return checkpoint_name(jnp.tanh(a @ w), "b"), None
+
+        return (jax.lax.scan(body, x, ws)[0] ** 2).sum()
+
+    prep = prepare(loss, (jnp.ones((3, 8, 8)), jnp.ones((4, 8))), 0, False)
+    with pytest.raises(
+        ValueError, match=r"no value of the program's scans has any of these names.*: a, b\)"
+    ):
+        given_choice(prep, "names:nope,nor_this")
+    # names the program does not use are ignored, as `save_only_these_names` ignores them
+    _, choice = given_choice(prep, "names:a,qkv_proj")
+    (scan,) = choice.choices.values()
+    assert [v.user_name for v in prep.models[0].values if v.name in scan.names] == ["a"]
