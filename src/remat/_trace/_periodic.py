@@ -43,6 +43,7 @@ a checkpointed training step needs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -243,25 +244,50 @@ def segments(
     def forward(consts, init, xs, keep):
         carry, parts, kept = list(init), {}, {}
         for r in order:
+            start, stop = spans[r]
+            first = stop - 1 if reverse else start  # the run's first layer run
 
-            def step(carry, i, r=r):
+            def step(state, i, r=r, start=start, stop=stop, first=first):
+                carry, held = state
                 x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
                 if not keep:
                     new, ys = layers[r](list(carry), consts, x)
-                    return list(new), (list(ys), [])
+                    return (list(new), held), (list(ys), [])
                 (new, ys), vjp = jax.vjp(layers[r], list(carry), list(consts), x)
                 leaves, tree = jax.tree.flatten(vjp)
                 where = {id(v): ("const", k) for k, v in enumerate(consts)}
                 where.update({id(v): ("x", k) for k, v in enumerate(x)})
+                where.update({id(v): ("carry", k) for k, v in enumerate(carry)})
                 origin = [where.get(id(v), ("saved", None)) for v in leaves]
                 meta[r] = (tree, origin)
                 saved = [v for v, (kind, _) in zip(leaves, origin, strict=True) if kind == "saved"]
-                return list(new), (list(ys), saved)
+                if held is None or stop - start == 1:  # no buffer: see `forward` below
+                    return (list(new), held), (list(ys), saved)
+                slot = _slot(i, start, first, reverse)
+                held = [
+                    jax.lax.dynamic_update_index_in_dim(b, carry[k], slot, 0)
+                    for b, (_, k) in zip(held, _carried(origin), strict=True)
+                ]  # fmt: skip
+                return (list(new), held), (list(ys), saved)
 
-            start, stop = spans[r]
-            carry, (parts[r], kept[r]) = jax.lax.scan(
-                step, carry, jnp.arange(start, stop), reverse=reverse
+            n = stop - start
+            indices = jnp.arange(start, stop)
+            held = None
+            if keep:  # which carries the layer keeps: one abstract trace of a step
+                jax.eval_shape(lambda c, i, r=r: step((c, None), i)[0][0], carry, indices[0])
+                held = [jnp.zeros((max(n - 1, 0), *carry[k].shape), carry[k].dtype)
+                        for _, k in _carried(meta[r][1])]  # fmt: skip
+            if keep and n == 1:  # a lone layer: no loop (see `layers`), its carry is ``carry``
+                (new, _), (ys, saved) = step((carry, held), indices[0])
+                parts[r] = [y[None] for y in ys]
+                kept[r] = ([s[None] for s in saved], list(carry), held)
+                carry = new
+                continue
+            carry_in = list(carry)
+            (carry, held), (parts[r], saved) = jax.lax.scan(
+                step, (carry, held), indices, reverse=reverse
             )
+            kept[r] = (saved, carry_in, held)
         ys = [
             jnp.concatenate([parts[r][j] for r in range(len(spans))]) for j in range(len(parts[0]))
         ]
@@ -284,12 +310,15 @@ def segments(
             start, stop = spans[r]
             tree, origin = meta[r]
 
-            def back(state, inp, r=r, tree=tree, origin=origin, start=start, stop=stop):
+            def back(state, inp, carry_in, held, r=r, tree=tree, origin=origin, start=start,
+                     stop=stop):  # fmt: skip
                 ct_c, grads, xgrads = state
                 i, saved, ct_y = inp
                 x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
+                carry = _carry_at(i, start, stop, reverse, carry_in, held, origin)
                 it = iter(saved)
-                leaves = [next(it) if kind == "saved" else (consts if kind == "const" else x)[k]
+                sources = dict(const=consts, x=x, carry=carry)
+                leaves = [next(it) if kind == "saved" else sources[kind][k]
                           for kind, k in origin]  # fmt: skip
                 if stop - start == 1:  # no loop (see `layers`): recompute once ``ct`` is here
                     leaves = _after(leaves, [kind != "const" for kind, _ in origin], ct_c)
@@ -304,11 +333,13 @@ def segments(
                 ]  # fmt: skip
                 return (list(d_c), grads, xgrads), None
 
+            saved, carry_in, held = kept[r]
+            back = functools.partial(back, carry_in=carry_in, held=held)
             ct_y = [y[start:stop] for y in ct_ys]
             (ct_carry, grads, xgrads), _ = jax.lax.scan(
                 back,
                 (list(ct_carry), grads, xgrads),
-                (jnp.arange(start, stop), kept[r], ct_y),
+                (jnp.arange(start, stop), saved, ct_y),
                 reverse=not reverse,
             )
         return (
@@ -320,6 +351,35 @@ def segments(
     run.defvjp(fwd, bwd)
     carry, ys = run(list(consts), list(init), list(xs))
     return list(carry), list(ys)
+
+
+def _carried(origin: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The carries among a layer's VJP leaves (``origin``), in order."""
+    return [o for o in origin if o[0] == "carry"]
+
+
+def _slot(i: Any, start: int, first: int, reverse: bool) -> Any:
+    """Where layer ``i`` of a run keeps its input carry: the run's layers after its first in
+    order of the forward pass (slots ``0..n-2``; the first layer's carry is the run's input
+    carry, kept as it is). The first layer writes slot 0 too, before the second layer
+    overwrites it: a write either way, no branch."""
+    if reverse:
+        return jnp.minimum(i - start, first - start - 1)
+    return jnp.maximum(i - start - 1, 0)
+
+
+def _carry_at(i, start, stop, reverse, carry_in, held, origin) -> list[Any]:
+    """The input carries of layer ``i`` of a run that its VJP keeps (by index: ``{k: value}``):
+    the run's input carry for its first layer, else the slot `_slot` wrote."""
+    first = stop - 1 if reverse else start
+    out = {}
+    for b, (_, k) in zip(held, _carried(origin), strict=True):
+        if stop - start == 1:
+            out[k] = carry_in[k]
+            continue
+        at = jax.lax.dynamic_index_in_dim(b, _slot(i, start, first, reverse), keepdims=False)
+        out[k] = jnp.where(i == first, carry_in[k], at)
+    return out
 
 
 def _zero_cotangent(x: Any) -> Any:
