@@ -141,7 +141,7 @@ def test_rewrite_with_a_pattern_keeps_the_program_gradients():
 def test_segments_keep_k_of_l_layers_values_and_copy_nothing():
     """A pattern as long as the scan runs as one scan per run of equal save sets, each
     indexing the stacked parameters whole (`segments`). With the same set in every layer the
-    peak is one carry (32 KiB) under the plain scan's, within 12.2 KiB, where a copy of the
+    peak is one carry (32 KiB) under the plain scan's, within 4.2 KiB, where a copy of the
     stacked parameters would be 64 KiB: nothing is copied, and the first layer reads its input
     from the step's argument (the plain scan stacks a copy of it). Each layer that recomputes
     instead of saving lowers the peak by at least one saved value (a lone layer, whose loop
@@ -153,7 +153,7 @@ def test_segments_keep_k_of_l_layers_values_and_copy_nothing():
     uniform = _peak(loss, args, ScanChoice(names=keep))
     same = _peak(loss, args, ScanChoice(names=keep, pattern=(keep,) * 8))
     one_carry = 512 * 16 * 4  # batch x d, float32
-    assert 0 <= same - (uniform - one_carry) <= 12416, (uniform, same)
+    assert 0 <= same - (uniform - one_carry) <= 4224, (uniform, same)
     for first in (1, 5):
         pattern = ((),) * first + (keep,) * (8 - first)
         fewer = same - _peak(loss, args, ScanChoice(names=keep, pattern=pattern))

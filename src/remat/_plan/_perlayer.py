@@ -188,7 +188,8 @@ def _mix(scan: int, length: int, parts, model: ScanModel) -> Candidate:
     once = {i for p, _ in parts for i in p.saved if model.values[i].invariant}
     option = Option(
         group=scan,
-        bytes=sum(p.step_bytes * n for p, n in parts) + sum(model.values[i].bytes for i in once)
+        bytes=sum(p.step_bytes * n for p, n in parts)
+        + sum(model.values[i].bytes for i in once)
         - first_carry(parts[0][0], model),  # the first layer's input: the scan's own (forward)
         flops=sum(p.flops * n for p, n in parts),
         transient=max(p.transient for p, _ in parts),

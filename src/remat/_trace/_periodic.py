@@ -130,6 +130,21 @@ def _after(leaves: list[Any], which: Sequence[bool], ct: Any) -> list[Any]:
     ]
 
 
+def _tie_one(args: list[Any], ct: Any) -> list[Any]:
+    """``args``, the smallest array among them made to depend on the cotangent ``ct`` (plus
+    zero times a bounded scalar of it, as `_after`), so that what is computed from them runs
+    once ``ct`` is here and is not merged with the same computation in the forward pass; one
+    is enough, and the smallest costs the least (an embedding lookup's indices, not its
+    table)."""
+    floats = [c for c in jax.tree.leaves(ct) if _floating(c) and c.size]
+    sized = [k for k, x in enumerate(args) if hasattr(x, "dtype") and x.dtype != jax.dtypes.float0]
+    if not floats or not sized:
+        return args
+    k = min(sized, key=lambda k: args[k].size)
+    zero = 0 * jnp.minimum(jnp.abs(floats[0].ravel()[0]), 1)
+    return [x + zero.astype(x.dtype) if j == k else x for j, x in enumerate(args)]
+
+
 def _floating(x: Any) -> bool:
     return hasattr(x, "dtype") and is_float(x.dtype)
 
@@ -142,6 +157,7 @@ def periodic_loop(
     xs: Sequence[Any],
     length: int,
     reverse: bool = False,
+    head: Callable[..., Sequence[Any]] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """Runs ``body`` for ``length`` steps, step ``i`` checkpointed to save ``pattern[i % g]``.
 
@@ -153,6 +169,8 @@ def periodic_loop(
         (flat lists of arrays, ``xs`` stacked along their first axis).
       length: the number of steps.
       reverse: run the steps last to first, as `jax.lax.scan` does.
+      head: with a save set per layer (``g == length``), ``init`` is this function's inputs
+        and it computes the initial carry, again in the backward pass (see `segments`).
 
     Returns:
       ``(carry, ys)`` as `jax.lax.scan` returns them for the same body.
@@ -190,7 +208,9 @@ def periodic_loop(
         return carry, ys
 
     if g == length:  # a save set per layer: a scan per run of equal sets
-        return segments(body, pattern, consts, init, xs, reverse)
+        return segments(body, pattern, consts, init, xs, reverse, head)
+    if head is not None:
+        init = head(*init)
     carry, ys = jax.lax.scan(group, list(init), grouped, length=length // g, reverse=reverse)
     return list(carry), [jnp.reshape(y, (length, *y.shape[2:])) for y in ys]
 
@@ -213,7 +233,13 @@ def runs(pattern: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
 
 
 def segments(
-    body: Body, pattern: Sequence[Sequence[str]], consts, init, xs, reverse: bool = False
+    body: Body,
+    pattern: Sequence[Sequence[str]],
+    consts,
+    init,
+    xs,
+    reverse: bool = False,
+    head: Callable[..., Sequence[Any]] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """`periodic_loop` with a save set per layer (as many as the scan's steps): a
     `jax.lax.scan` over the indices of each run of equal sets (`runs`), the layer
@@ -225,6 +251,11 @@ def segments(
     The backward loops thread one gradient buffer of ``xs`` through all runs, each layer
     adding its slice in place (differentiating an indexed slice directly gives each loop a
     gradient of the whole stack of its own). Reverse-mode only, as `ordered`.
+
+    Each run's first layer keeps the run's input carry itself; the others keep theirs in one
+    stack per run (`_slot`). With ``head``, ``init`` is the inputs of ``head``, which computes
+    the scan's initial carry from them: it is recomputed for the first layer's backward pass
+    instead of kept (the code before a scan that makes its carry: `remat._trace._ends`).
     """
     spans = runs(pattern)
     policy = dict(zip(map(tuple, pattern), policies(pattern), strict=True))
@@ -242,6 +273,8 @@ def segments(
     meta: dict[int, Any] = {}  # per run: the VJP's tree and where each of its leaves comes from
 
     def forward(consts, init, xs, keep):
+        if head is not None:
+            init = head(*init)
         carry, parts, kept = list(init), {}, {}
         for r in order:
             start, stop = spans[r]
@@ -280,10 +313,11 @@ def segments(
             if keep and n == 1:  # a lone layer: no loop (see `layers`), its carry is ``carry``
                 (new, _), (ys, saved) = step((carry, held), indices[0])
                 parts[r] = [y[None] for y in ys]
-                kept[r] = ([s[None] for s in saved], list(carry), held)
+                carry_in = None if head is not None and r == order[0] else list(carry)
+                kept[r] = ([s[None] for s in saved], carry_in, held)
                 carry = new
                 continue
-            carry_in = list(carry)
+            carry_in = None if head is not None and r == order[0] else list(carry)
             (carry, held), (parts[r], saved) = jax.lax.scan(
                 step, (carry, held), indices, reverse=reverse
             )
@@ -299,11 +333,12 @@ def segments(
 
     def fwd(consts, init, xs):
         out, kept = forward(consts, init, xs, keep=True)
-        return out, (consts, xs, kept)
+        return out, (consts, init if head is not None else None, xs, kept)
 
     def bwd(residuals, ct):
-        consts, xs, kept = residuals
+        consts, init, xs, kept = residuals
         ct_carry, ct_ys = ct
+        head_vjp = None
         grads = [jnp.zeros_like(c) if _floating(c) else None for c in consts]
         xgrads = [jnp.zeros_like(x) if _floating(x) else None for x in xs]
         for r in reversed(order):
@@ -326,14 +361,15 @@ def segments(
                 d_c, d_consts, d_x = vjp((list(ct_c), list(ct_y)))
                 grads = [g if g is None else g + d for g, d in zip(grads, d_consts, strict=True)]
                 xgrads = [
-                    g if g is None else jax.lax.dynamic_update_index_in_dim(
-                        g, jax.lax.dynamic_index_in_dim(g, i, keepdims=False) + d, i, 0
-                    )
+                    g if g is None else jax.lax.dynamic_update_index_in_dim(g, d, i, 0)
                     for g, d in zip(xgrads, d_x, strict=True)
                 ]  # fmt: skip
                 return (list(d_c), grads, xgrads), None
 
             saved, carry_in, held = kept[r]
+            if carry_in is None:  # the initial carry: recomputed once the cotangent is here
+                args = _tie_one(list(init), ct_carry)
+                carry_in, head_vjp = jax.vjp(lambda *a: list(head(*a)), *args)
             back = functools.partial(back, carry_in=carry_in, held=held)
             ct_y = [y[start:stop] for y in ct_ys]
             (ct_carry, grads, xgrads), _ = jax.lax.scan(
@@ -344,7 +380,7 @@ def segments(
             )
         return (
             [_zero_cotangent(c) if g is None else g for c, g in zip(consts, grads, strict=True)],
-            list(ct_carry),
+            list(ct_carry) if head_vjp is None else list(head_vjp(list(ct_carry))),
             [_zero_cotangent(x) if g is None else g for x, g in zip(xs, xgrads, strict=True)],
         )
 
