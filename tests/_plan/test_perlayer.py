@@ -11,6 +11,7 @@ import pytest
 import remat
 from conftest import assert_tree_allclose, mlp_stack
 from remat._measure._peak import compiled_memory
+from remat._plan._compile import peak_of
 from remat._plan._costmodel import model_scans
 from remat._plan._json import read_plan
 from remat._plan._milp import Node, Option, solve
@@ -236,3 +237,25 @@ def test_a_per_layer_plan_never_recomputes_more_than_the_uniform_plan():
     assert mixed.measured.flops <= uniform.measured.flops
     assert mixed.measured_peak_bytes <= mixed.budget_bytes
     assert_tree_allclose(jax.grad(mixed.fn)(*args), jax.grad(loss)(*args), scale=10)
+
+
+def test_one_set_in_every_layer_as_segments_keeps_the_first_input_where_it_lives(stack):
+    """The uniform plan that recomputes nothing stacks a copy of the first layer's input (the
+    step's argument); the same set in every layer run as segments keeps the argument itself,
+    a carry less. At a budget between the two peaks the planner returns the segments, at the
+    uniform plan's FLOPs, with the peak the segments compile to."""
+    loss, args = stack
+    uniform = remat.plan(loss, *args, budget="100%", verbose=False)
+    (scan,) = uniform.scans
+    names = scan.names
+    segments = rewrite(loss, {0: ScanChoice(names=names, pattern=(names,) * 8)})
+    same = peak_of(remat.measure(segments, *args))  # the step `plan` compiles
+    carry = 256 * 32 * 4  # batch x d, float32
+    assert uniform.measured_peak_bytes - carry <= same < uniform.measured_peak_bytes
+    budget = (same + uniform.measured_peak_bytes) // 2
+    p = remat.plan(loss, *args, budget=budget, per_layer=True, verbose=False)
+    (got,) = p.scans
+    assert got.pattern == (names,) * 8
+    assert p.measured.flops == uniform.measured.flops
+    assert p.measured_peak_bytes == same <= budget
+    assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))

@@ -17,11 +17,13 @@ the program runs as segments (`remat._trace._periodic.segments`):
   only, no FLOPs that `remat.measure` counts.
 
 On the GPT of `benchmarks/vs_torch.py` with every layer saving one set (5 MiB a layer), the
-saved activations fall from 43.15 to 41.00 MiB (the head's 0.50 MiB embedding output and the
-tail's 1.65 MiB of norm and softmax intermediates) at the same FLOPs
-(`tests/_trace/test_ends.py` checks the mechanism on a small program). The compiled peak,
-whose largest point on the CPU is in the layers' backward loop, falls by the head's output,
-which no longer lives through that loop; the tail's values are dead by then.
+saved activations (the residuals of `jax.vjp`, what torch's saved tensors are to torch) fall
+from 43.15 to 41.00 MiB: the head's 0.50 MiB embedding output and the tail's 1.65 MiB of
+norm and softmax values, at the same FLOPs (`tests/_trace/test_ends.py` checks the mechanism
+on a small program). Its compiled peak is the same with and without them (68.19 MiB): the
+tail's values are dead before the layers' backward loop, where the peak is, and the head's
+output is not among the buffers live there either. So they lower what the program keeps for
+its backward pass, not the CPU peak the planner budgets.
 
 Only the scan's own position at the top of the program is looked at: a scan inside a ``jit``
 of the program, or a program with more than one scan planned per layer, is rewritten without

@@ -18,12 +18,15 @@ layers' indices, the stacked inputs passed whole and indexed inside each layer's
 shorter period gives), with one loop body per run, not one per layer: on the GPT of
 `benchmarks/vs_torch.py` (8 layers, 5 saving one set and 3 another) the step compiled in
 1.50x the plain scan's time, groups of 2 layers in 1.52x (`benchmarks/perlayer_bench.py`
-compares the forms, under load). With the same set in every layer the peak is the plain
-scan's within 12.2 KiB on the tests' MLP stack, whose parameter stack is 64 KiB
-(`tests/_trace/test_periodic.py`), and 1.02 MiB over it on that GPT with every value its
-backward pass needs saved (84.18 against 83.16 MiB): read with `remat.memory`, the backward
-loop's slices of one layer's parameters (0.50 MiB, which the plain scan fuses into their
-consumers) and two recomputed 0.50 MiB values live at the peak where the plain scan has one. The positions saving less come first: their
+compares the forms, under load). The first layer of each run keeps the run's input carry
+itself, the others theirs in a stack per run, so the scan's initial carry is not copied (the
+plain scan stacks it with the others): with the same set in every layer the peak is one carry
+under the plain scan's, within 4.2 KiB, on the tests' MLP stack, whose initial carry is the
+step's argument (`tests/_trace/test_periodic.py`), and 0.30 MiB over it on that GPT with
+every layer saving 5 MiB (68.19 against 67.89 MiB; read with `remat.memory`: three
+recomputed attention scores of 2 MiB live at its peak, in the backward loop, where the plain
+scan's peak has one). Each layer's parameter gradients are written once into one buffer,
+not added to what it held. The positions saving less come first: their
 recomputation runs last in the backward pass, when fewer saved values are live.
 
 The other forms measured copy or keep more: a remainder scan over the last ``L mod g``
