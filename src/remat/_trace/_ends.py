@@ -50,13 +50,15 @@ _P = jcore.primitives
 TAIL_POLICY = jax.checkpoint_policies.dots_saveable
 
 # Primitives a head may not hold: work that costs FLOPs to recompute, or a loop.
-_DEAR = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "custom_vjp_call"})
+_DEAR = frozenset(
+    {"dot_general", "conv_general_dilated", "scan", "while", "custom_vjp_call", "custom_jvp_call"}
+)
 
 
 def _dear(eqns: Sequence[Any]) -> bool:
     """Whether any of ``eqns``, or an equation inside them, is in `_DEAR`."""
     for eqn in eqns:
-        if eqn.primitive.name in _DEAR:
+        if eqn.primitive.name in _DEAR or eqn.effects:  # (an effect is not run twice)
             return True
         if any(_dear(j.eqns) for j in sub_jaxprs(eqn)):
             return True
@@ -189,7 +191,7 @@ def rewrite_ends(
             base = _scan(interp, jaxpr, s, [jaxpr.eqns[j] for j in sorted(head)], env, base,
                          pattern)  # fmt: skip
             after = list(jaxpr.eqns[s + 1 :])
-            if tail_policy is None or not after or _loops(after):
+            if tail_policy is None or not after or _loops(after) or any(e.effects for e in after):
                 _eval(interp, after, env, base)
                 return [v.val if isinstance(v, jcore.Literal) else env[v] for v in jaxpr.outvars]
             inputs = _inputs(after, set())
@@ -212,7 +214,7 @@ def rewrite_ends(
 
 def _loops(eqns: Sequence[Any]) -> bool:
     """Whether ``eqns`` hold a loop (then the tail is left as it is: checkpointing it would
-    run a loop's forward pass again)."""
+    run a loop's forward pass again; so is a tail with effects)."""
     for eqn in eqns:
         if eqn.primitive.name in ("scan", "while") or _loops(
             [e for j in sub_jaxprs(eqn) for e in j.eqns]
