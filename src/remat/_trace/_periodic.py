@@ -22,11 +22,12 @@ compares the forms, under load). The first layer of each run keeps the run's inp
 itself, the others theirs in a stack per run, so the scan's initial carry is not copied (the
 plain scan stacks it with the others): with the same set in every layer the peak is one carry
 under the plain scan's, within 4.2 KiB, on the tests' MLP stack, whose initial carry is the
-step's argument (`tests/_trace/test_periodic.py`), and 0.30 MiB over it on that GPT with
-every layer saving 5 MiB (68.19 against 67.89 MiB; read with `remat.memory`: three
-recomputed attention scores of 2 MiB live at its peak, in the backward loop, where the plain
-scan's peak has one). Each layer's parameter gradients are written once into one buffer,
-not added to what it held. The positions saving less come first: their
+step's argument (`tests/_trace/test_periodic.py`), and on that GPT 0.20 MiB under it with
+every layer saving 5 MiB (67.69 against 67.89 MiB) and 0.52 MiB over it with every value
+saved (83.68 against 83.16 MiB). Each layer's parameter gradients are written once into one
+buffer, not added to what it held, and each layer's recomputation waits for its cotangent
+(`_after`; without it, read with `remat.memory`, three recomputed attention scores of 2 MiB
+were live at the GPT's peak where the plain scan's has one). The positions saving less come first: their
 recomputation runs last in the backward pass, when fewer saved values are live.
 
 The other forms measured copy or keep more: a remainder scan over the last ``L mod g``
@@ -358,8 +359,10 @@ def segments(
                 sources = dict(const=consts, x=x, carry=carry)
                 leaves = [next(it) if kind == "saved" else sources[kind][k]
                           for kind, k in origin]  # fmt: skip
-                if stop - start == 1:  # no loop (see `layers`): recompute once ``ct`` is here
-                    leaves = _after(leaves, [kind != "const" for kind, _ in origin], ct_c)
+                # Recompute once ``ct`` is here: with no loop (see `layers`) XLA would merge
+                # the recomputation with the forward pass; in a loop, it overlapped the next
+                # layer's (three attention scores live at once on the vs_torch GPT).
+                leaves = _after(leaves, [kind != "const" for kind, _ in origin], ct_c)
                 vjp = jax.tree.unflatten(tree, leaves)
                 d_c, d_consts, d_x = vjp((list(ct_c), list(ct_y)))
                 grads = [g if g is None else g + d for g, d in zip(grads, d_consts, strict=True)]
