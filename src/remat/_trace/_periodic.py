@@ -361,8 +361,13 @@ def segments(
                           for kind, k in origin]  # fmt: skip
                 # Recompute once ``ct`` is here: with no loop (see `layers`) XLA would merge
                 # the recomputation with the forward pass; in a loop, it overlapped the next
-                # layer's (three attention scores live at once on the vs_torch GPT).
-                leaves = _after(leaves, [kind != "const" for kind, _ in origin], ct_c)
+                # layer's (three attention scores live at once on the vs_torch GPT). In a
+                # loop the input carry is enough to tie (what the recomputation starts from;
+                # the same peaks, less code), else every leaf.
+                tie = [kind == "carry" for kind, _ in origin]
+                if stop - start == 1 or not any(tie):
+                    tie = [kind != "const" for kind, _ in origin]
+                leaves = _after(leaves, tie, ct_c)
                 vjp = jax.tree.unflatten(tree, leaves)
                 d_c, d_consts, d_x = vjp((list(ct_c), list(ct_y)))
                 grads = [g if g is None else g + d for g, d in zip(grads, d_consts, strict=True)]
