@@ -12,7 +12,8 @@ On the models of `benchmarks/vs_torch.py` (same sizes, same parameters):
   keeps outside the scan (`remat.measure(...).residuals` of one copy, counted as
   `vs_torch.saved_activations` counts them) with the layers at the front's second point,
   for the code after the scan as written and checkpointed (``head_policy`` of
-  `vs_torch.make_jax_loss`: saving its matmul outputs, or nothing): saved bytes, compiled
+  `vs_torch.make_jax_loss`: saving its matmul outputs, or nothing), and with the layers run
+  as segments (the form of a per-layer plan, `remat._trace._ends`): saved bytes, compiled
   peak and FLOPs.
 
 Usage:
@@ -38,6 +39,7 @@ from remat._plan._perlayer import pareto_points
 from remat._trace._tag import ScanChoice, rewrite
 
 MARKERS = ("<!-- vs_torch_sets:start -->", "<!-- vs_torch_sets:end -->")
+SEGMENTS = "the layers as segments (the planner's form): recomputed before, checkpointed after"
 HEADS = {
     "as written": None,
     "checkpointed, saving its matmul outputs": jax.checkpoint_policies.dots_saveable,
@@ -130,6 +132,14 @@ def run(kind: str) -> dict:
                           outside=outside_bytes(m, args), peak=compiled_peak(m),
                           flops=m.flops))  # fmt: skip
         print(f"  head {label}: {heads[-1]}", flush=True)
+    # The same set in every layer run as segments: the code before the scan that makes its
+    # carry recomputed, the code after it checkpointed saving its matmul outputs
+    # (`remat._trace._ends`).
+    pattern = (names,) * layers
+    m = remat.measure(rewrite(loss, {scan.index: ScanChoice(names=names, pattern=pattern)}), *args)
+    heads.append(dict(label=SEGMENTS, saved=vs_torch.saved_activations(m, args),
+                      outside=outside_bytes(m, args), peak=compiled_peak(m), flops=m.flops))  # fmt: skip
+    print(f"  {SEGMENTS}: {heads[-1]}", flush=True)
     return dict(kind=kind, torch=torch_rows, front=front, heads=heads, base=base,
                 layers=layers, point=point)  # fmt: skip
 
@@ -145,8 +155,12 @@ def section(results: list[dict], wall: float) -> str:
         "to the block whose forward node made them (the rest: embedding, final LayerNorm, "
         "logits, loss). remat: the layer's Pareto front (what a layer can save, and what it "
         "then recomputes), and what autodiff keeps outside the scan, with the code after the "
-        "scan as written and checkpointed (`jax.checkpoint` with a policy, which the planner "
-        "does not offer: it plans what scan steps save).",
+        "scan as written and checkpointed (`jax.checkpoint` with a policy), and as a per-layer "
+        "plan runs the scan (segments: the code before the scan that makes its carry "
+        "recomputed, the code after it checkpointed saving its matmul outputs, "
+        "`remat._trace._ends`). In the segments row the scan's stacked carries are one "
+        "stack per run, counted outside the scan (`of which outside` then holds 7 of the 8 "
+        "layers' inputs).",
     ]
     for r in results:
         base, L = r["base"], r["layers"]

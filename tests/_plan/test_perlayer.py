@@ -11,11 +11,12 @@ import pytest
 import remat
 from conftest import assert_tree_allclose, mlp_stack
 from remat._measure._peak import compiled_memory
+from remat._plan._compile import peak_of
 from remat._plan._costmodel import model_scans
 from remat._plan._json import read_plan
 from remat._plan._milp import Node, Option, solve
 from remat._plan._options import candidates
-from remat._plan._perlayer import pareto_points, period_candidates
+from remat._plan._perlayer import first_carry, pareto_points, period_candidates
 from remat._plan._plan import plan_budgets
 from remat._trace._tag import ScanChoice, planned_scans, rewrite
 
@@ -135,8 +136,9 @@ def test_an_old_plan_file_without_a_pattern_loads():
 
 def test_mixes_of_two_pareto_points_in_two_runs_of_layers():
     """Each pair of the layer's Pareto points mixed at each count of layers, the layers
-    saving less first; a mix's bytes, FLOPs and transient are the layers' (worked from the
-    points). Long scans get evenly spread counts."""
+    saving less first, and each point in every layer; a mix's bytes, FLOPs and transient are
+    the layers' (worked from the points), less the first layer's input carry. Long scans get
+    evenly spread counts."""
     from remat._plan._perlayer import counts
 
     loss, args = mlp_stack(layers=6, d=8, batch=8)
@@ -149,16 +151,21 @@ def test_mixes_of_two_pareto_points_in_two_runs_of_layers():
     )
     mixes = period_candidates(models, cands)
     pairs = len(points) * (len(points) - 1) // 2
-    assert len(mixes) == 5 * pairs  # 1..5 of 6 layers
+    carry = 8 * 8 * 4  # batch x d, float32: every point keeps the layer's input
+    assert [first_carry(p, models[0]) for p in points] == [carry] * len(points)
+    assert len(mixes) == 5 * pairs + len(points)  # 1..5 of 6 layers; each point in all 6
     assert all(c.nodes == () and len(c.pattern) == c.schedule.g == 6 for c in mixes)
     a, b = points[0], points[-1]
     half = next(c for c in mixes if c.pattern == (b.saved,) * 3 + (a.saved,) * 3)
-    assert half.option.bytes == 3 * (a.step_bytes + b.step_bytes)
+    # The first layer keeps the scan's initial carry, not a copy of it.
+    assert half.option.bytes == 3 * (a.step_bytes + b.step_bytes) - carry
+    same = next(c for c in mixes if c.pattern == (b.saved,) * 6)
+    assert same.option.bytes == 6 * b.step_bytes - carry and same.option.flops == 6 * b.flops
     assert half.option.flops == pytest.approx(3 * (a.flops + b.flops))
     assert half.option.sliced == max(a.step_bytes, b.step_bytes)
     assert half.option.transient == max(a.transient, b.transient)
     one_of_six = next(c for c in mixes if c.pattern == (b.saved,) * 5 + (a.saved,))
-    assert one_of_six.option.bytes == a.step_bytes + 5 * b.step_bytes
+    assert one_of_six.option.bytes == a.step_bytes + 5 * b.step_bytes - carry
     assert counts(6) == [1, 2, 3, 4, 5] and counts(80, most=3) == [20, 40, 60]
     assert counts(6, most=2) == [2, 4]
 
@@ -230,3 +237,25 @@ def test_a_per_layer_plan_never_recomputes_more_than_the_uniform_plan():
     assert mixed.measured.flops <= uniform.measured.flops
     assert mixed.measured_peak_bytes <= mixed.budget_bytes
     assert_tree_allclose(jax.grad(mixed.fn)(*args), jax.grad(loss)(*args), scale=10)
+
+
+def test_one_set_in_every_layer_as_segments_keeps_the_first_input_where_it_lives(stack):
+    """The uniform plan that recomputes nothing stacks a copy of the first layer's input (the
+    step's argument); the same set in every layer run as segments keeps the argument itself,
+    a carry less. At a budget between the two peaks the planner returns the segments, at the
+    uniform plan's FLOPs, with the peak the segments compile to."""
+    loss, args = stack
+    uniform = remat.plan(loss, *args, budget="100%", verbose=False)
+    (scan,) = uniform.scans
+    names = scan.names
+    segments = rewrite(loss, {0: ScanChoice(names=names, pattern=(names,) * 8)})
+    same = peak_of(remat.measure(segments, *args))  # the step `plan` compiles
+    carry = 256 * 32 * 4  # batch x d, float32
+    assert uniform.measured_peak_bytes - carry <= same < uniform.measured_peak_bytes
+    budget = (same + uniform.measured_peak_bytes) // 2
+    p = remat.plan(loss, *args, budget=budget, per_layer=True, verbose=False)
+    (got,) = p.scans
+    assert got.pattern == (names,) * 8
+    assert p.measured.flops == uniform.measured.flops
+    assert p.measured_peak_bytes == same <= budget
+    assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))

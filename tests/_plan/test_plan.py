@@ -301,9 +301,10 @@ def test_schedules_are_charged_what_they_keep_alone():
     prep = _calibrate.prepare(loss, args, 0, True, per_layer=True)
     know = Knowledge(prep)
     scheduled = [o for o, c in enumerate(prep.cands) if c.schedule != "per_step"]
-    # Per-layer mixes of the layer's two Pareto points: 4, 8, ..., 60 of its 64 steps.
+    # Per-layer mixes of the layer's two Pareto points: 4, 8, ..., 60 of its 64 steps; and
+    # each point in every step, run as segments (each keeps the step's input carry).
     assert [type(prep.cands[o].schedule).__name__ for o in scheduled] == (
-        ["Nested"] + ["Binomial"] * 4 + ["Period"] * 15
+        ["Nested"] + ["Binomial"] * 4 + ["Period"] * (15 + 2)
     )
     scheduled = scheduled[:8]  # the mixes after the third are charged as the second and third
     (fit,) = prep.scan_fits

@@ -6,7 +6,8 @@ layers. Between two such points a per-layer plan gives ``c`` of the ``L`` layers
 and the others the second: its bytes and FLOPs are the mix of the two points' (``c / L`` of
 one and the rest of the other), and the memory between the steps is reached at the FLOPs
 between them, as torch's per-node partitioner and torchtitan's "checkpoint every Nth layer"
-reach it.
+reach it. One set in every layer is offered run as segments too (`first_carry`): their first
+layer reads its input carry from the scan's initial carry, where the plain scan stacks a copy.
 
 The front is found once per program, before any budget (`pareto_points`): the integer
 program of the scan's ``per_step`` option alone, solved for the fewest FLOPs below each
@@ -14,9 +15,8 @@ point's memory in turn, with the calibrated weights. Each mix of two points is t
 `Option` of the scan, without nodes (`period_candidates`): its saved bytes and FLOPs are
 the layers' sums, its sliced bytes and transient memory the largest layer's (the backward
 pass differentiates one layer at a time), so a solve with per-layer options grows by a
-binary variable per mix, not by copies of the layer's graph. A uniform plan is never among
-the mixes (two different points each); the ``per_step`` option keeps every save set
-reachable.
+binary variable per mix, not by copies of the layer's graph. The ``per_step`` option keeps
+every save set reachable.
 
 A mix runs as two segments of the scan (`remat._trace._periodic.segments`): a scan over the
 ``L - c`` layers saving less, then one over the ``c`` others, each indexing the stacked
@@ -144,7 +144,29 @@ def period_candidates(
         for a, b in itertools.combinations(points, 2):
             for c in counts(model.length, most):
                 out.append(_mix(k, model.length, ((b, model.length - c), (a, c)), model))
+        # One set in every layer, as segments: the first layer reads its input carry where it
+        # lives (`first_carry`); offered where that keeps less than the plain scan.
+        out += [_mix(k, model.length, ((p, model.length),), model)
+                for p in points if first_carry(p, model)]  # fmt: skip
     return out
+
+
+def first_carry(point: Point, model: ScanModel) -> int:
+    """The bytes of the input carries a layer saving ``point`` keeps: in segments
+    (`remat._trace._periodic.segments`) the first layer of a run keeps the run's input carry
+    itself, not a stacked copy, so a plan keeps one layer's carries fewer than the plain scan
+    where the scan's initial carry lives anyway (a step's argument; elsewhere it is kept in the
+    copy's place, the same bytes, which the compiled step shows).
+
+    Example:
+      >>> from remat._plan._perlayer import Point, first_carry
+      >>> from remat._plan._costmodel import ScanModel, Value
+      >>> v = Value("carry[0]", "carry", (4,), "float32", 16, 0.0, (), True, True, False,
+      ...           False, None)
+      >>> first_carry(Point(frozenset({0}), 16.0, 0.0, 0.0), ScanModel(0, 8, (v,), 16, 0, 0.0, None))
+      16
+    """
+    return sum(model.values[i].bytes for i in point.saved if model.values[i].primitive == "carry")
 
 
 def counts(length: int, most: int = MOST_COUNTS) -> list[int]:
@@ -166,7 +188,9 @@ def _mix(scan: int, length: int, parts, model: ScanModel) -> Candidate:
     once = {i for p, _ in parts for i in p.saved if model.values[i].invariant}
     option = Option(
         group=scan,
-        bytes=sum(p.step_bytes * n for p, n in parts) + sum(model.values[i].bytes for i in once),
+        bytes=sum(p.step_bytes * n for p, n in parts)
+        + sum(model.values[i].bytes for i in once)
+        - first_carry(parts[0][0], model),  # the first layer's input: the scan's own (forward)
         flops=sum(p.flops * n for p, n in parts),
         transient=max(p.transient for p, _ in parts),
         sliced=max(p.step_bytes for p, _ in parts),

@@ -19,6 +19,7 @@ smaller peak among equals.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -296,7 +297,7 @@ def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> 
         if best is None:
             break
         say("looking for a cheaper per-layer plan on the scans alone")
-        found = cheaper_candidate(prep, know, budget_bytes, charged_options(prep, know), 0.0,
+        found = cheaper_candidate(prep, know, budget_bytes, _per_layer_first(prep, know), 0.0,
                                   excluded, cost(prep, best), band_for(know, True, True),
                                   seen_in(best))  # fmt: skip
         if found is None:
@@ -309,6 +310,24 @@ def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> 
         if best_known(prep, know, budget_bytes) is not best:
             break  # it fits: the cheapest found
     return rounds
+
+
+def _per_layer_first(prep: Prepared, know: Knowledge) -> list[Any]:
+    """The options of `charged_options`, each uniform one of a scan that has per-layer
+    options charged the baseline's FLOPs more, so that the solves of `_per_layer` (whose
+    uniform candidates the rounds before it saw) go to the per-layer ones; the FLOPs
+    compared stay the candidates' own (`step_flops`). Otherwise a uniform candidate checked
+    and found over the budget there would rule out its FLOPs tier (`_search.above_floor`),
+    per-layer candidates of that tier included: one set in every layer run as segments
+    recomputes as much and keeps less (`_perlayer.first_carry`)."""
+    mixed = {c.scan for c in prep.cands if c.pattern}
+    penalty = 2.0 * prep.baseline.flops
+    return [
+        dataclasses.replace(option, flops=option.flops + penalty)
+        if not cand.pattern and cand.scan in mixed
+        else option
+        for option, cand in zip(charged_options(prep, know), prep.cands, strict=True)
+    ]
 
 
 def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None) -> None:

@@ -18,12 +18,16 @@ layers' indices, the stacked inputs passed whole and indexed inside each layer's
 shorter period gives), with one loop body per run, not one per layer: on the GPT of
 `benchmarks/vs_torch.py` (8 layers, 5 saving one set and 3 another) the step compiled in
 1.50x the plain scan's time, groups of 2 layers in 1.52x (`benchmarks/perlayer_bench.py`
-compares the forms, under load). With the same set in every layer the peak is the plain
-scan's within 12.2 KiB on the tests' MLP stack, whose parameter stack is 64 KiB
-(`tests/_trace/test_periodic.py`), and 1.02 MiB over it on that GPT with every value its
-backward pass needs saved (84.18 against 83.16 MiB): read with `remat.memory`, the backward
-loop's slices of one layer's parameters (0.50 MiB, which the plain scan fuses into their
-consumers) and two recomputed 0.50 MiB values live at the peak where the plain scan has one. The positions saving less come first: their
+compares the forms, under load). The first layer of each run keeps the run's input carry
+itself, the others theirs in a stack per run, so the scan's initial carry is not copied (the
+plain scan stacks it with the others): with the same set in every layer the peak is one carry
+under the plain scan's, within 4.2 KiB, on the tests' MLP stack, whose initial carry is the
+step's argument (`tests/_trace/test_periodic.py`), and on that GPT 0.20 MiB under it with
+every layer saving 5 MiB (67.69 against 67.89 MiB) and 0.52 MiB over it with every value
+saved (83.68 against 83.16 MiB). Each layer's parameter gradients are written once into one
+buffer, not added to what it held, and each layer's recomputation waits for its cotangent
+(`_after`; without it, read with `remat.memory`, three recomputed attention scores of 2 MiB
+were live at the GPT's peak where the plain scan's has one). The positions saving less come first: their
 recomputation runs last in the backward pass, when fewer saved values are live.
 
 The other forms measured copy or keep more: a remainder scan over the last ``L mod g``
@@ -43,6 +47,7 @@ a checkpointed training step needs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -129,6 +134,21 @@ def _after(leaves: list[Any], which: Sequence[bool], ct: Any) -> list[Any]:
     ]
 
 
+def _tie_one(args: list[Any], ct: Any) -> list[Any]:
+    """``args``, the smallest array among them made to depend on the cotangent ``ct`` (plus
+    zero times a bounded scalar of it, as `_after`), so that what is computed from them runs
+    once ``ct`` is here and is not merged with the same computation in the forward pass; one
+    is enough, and the smallest costs the least (an embedding lookup's indices, not its
+    table)."""
+    floats = [c for c in jax.tree.leaves(ct) if _floating(c) and c.size]
+    sized = [k for k, x in enumerate(args) if hasattr(x, "dtype") and x.dtype != jax.dtypes.float0]
+    if not floats or not sized:
+        return args
+    k = min(sized, key=lambda k: args[k].size)
+    zero = 0 * jnp.minimum(jnp.abs(floats[0].ravel()[0]), 1)
+    return [x + zero.astype(x.dtype) if j == k else x for j, x in enumerate(args)]
+
+
 def _floating(x: Any) -> bool:
     return hasattr(x, "dtype") and is_float(x.dtype)
 
@@ -141,6 +161,7 @@ def periodic_loop(
     xs: Sequence[Any],
     length: int,
     reverse: bool = False,
+    head: Callable[..., Sequence[Any]] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """Runs ``body`` for ``length`` steps, step ``i`` checkpointed to save ``pattern[i % g]``.
 
@@ -152,6 +173,8 @@ def periodic_loop(
         (flat lists of arrays, ``xs`` stacked along their first axis).
       length: the number of steps.
       reverse: run the steps last to first, as `jax.lax.scan` does.
+      head: with a save set per layer (``g == length``), ``init`` is this function's inputs
+        and it computes the initial carry, again in the backward pass (see `segments`).
 
     Returns:
       ``(carry, ys)`` as `jax.lax.scan` returns them for the same body.
@@ -189,7 +212,9 @@ def periodic_loop(
         return carry, ys
 
     if g == length:  # a save set per layer: a scan per run of equal sets
-        return segments(body, pattern, consts, init, xs, reverse)
+        return segments(body, pattern, consts, init, xs, reverse, head)
+    if head is not None:
+        init = head(*init)
     carry, ys = jax.lax.scan(group, list(init), grouped, length=length // g, reverse=reverse)
     return list(carry), [jnp.reshape(y, (length, *y.shape[2:])) for y in ys]
 
@@ -212,7 +237,13 @@ def runs(pattern: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
 
 
 def segments(
-    body: Body, pattern: Sequence[Sequence[str]], consts, init, xs, reverse: bool = False
+    body: Body,
+    pattern: Sequence[Sequence[str]],
+    consts,
+    init,
+    xs,
+    reverse: bool = False,
+    head: Callable[..., Sequence[Any]] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """`periodic_loop` with a save set per layer (as many as the scan's steps): a
     `jax.lax.scan` over the indices of each run of equal sets (`runs`), the layer
@@ -224,6 +255,11 @@ def segments(
     The backward loops thread one gradient buffer of ``xs`` through all runs, each layer
     adding its slice in place (differentiating an indexed slice directly gives each loop a
     gradient of the whole stack of its own). Reverse-mode only, as `ordered`.
+
+    Each run's first layer keeps the run's input carry itself; the others keep theirs in one
+    stack per run (`_slot`). With ``head``, ``init`` is the inputs of ``head``, which computes
+    the scan's initial carry from them: it is recomputed for the first layer's backward pass
+    instead of kept (the code before a scan that makes its carry: `remat._trace._ends`).
     """
     spans = runs(pattern)
     policy = dict(zip(map(tuple, pattern), policies(pattern), strict=True))
@@ -241,27 +277,55 @@ def segments(
     meta: dict[int, Any] = {}  # per run: the VJP's tree and where each of its leaves comes from
 
     def forward(consts, init, xs, keep):
+        if head is not None:
+            init = head(*init)
         carry, parts, kept = list(init), {}, {}
         for r in order:
+            start, stop = spans[r]
+            first = stop - 1 if reverse else start  # the run's first layer run
 
-            def step(carry, i, r=r):
+            def step(state, i, r=r, start=start, stop=stop, first=first):
+                carry, held = state
                 x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
                 if not keep:
                     new, ys = layers[r](list(carry), consts, x)
-                    return list(new), (list(ys), [])
+                    return (list(new), held), (list(ys), [])
                 (new, ys), vjp = jax.vjp(layers[r], list(carry), list(consts), x)
                 leaves, tree = jax.tree.flatten(vjp)
                 where = {id(v): ("const", k) for k, v in enumerate(consts)}
                 where.update({id(v): ("x", k) for k, v in enumerate(x)})
+                where.update({id(v): ("carry", k) for k, v in enumerate(carry)})
                 origin = [where.get(id(v), ("saved", None)) for v in leaves]
                 meta[r] = (tree, origin)
                 saved = [v for v, (kind, _) in zip(leaves, origin, strict=True) if kind == "saved"]
-                return list(new), (list(ys), saved)
+                if held is None or stop - start == 1:  # no buffer: see `forward` below
+                    return (list(new), held), (list(ys), saved)
+                slot = _slot(i, start, first, reverse)
+                held = [
+                    jax.lax.dynamic_update_index_in_dim(b, carry[k], slot, 0)
+                    for b, (_, k) in zip(held, _carried(origin), strict=True)
+                ]  # fmt: skip
+                return (list(new), held), (list(ys), saved)
 
-            start, stop = spans[r]
-            carry, (parts[r], kept[r]) = jax.lax.scan(
-                step, carry, jnp.arange(start, stop), reverse=reverse
+            n = stop - start
+            indices = jnp.arange(start, stop)
+            held = None
+            if keep:  # which carries the layer keeps: one abstract trace of a step
+                jax.eval_shape(lambda c, i, r=r: step((c, None), i)[0][0], carry, indices[0])
+                held = [jnp.zeros((max(n - 1, 0), *carry[k].shape), carry[k].dtype)
+                        for _, k in _carried(meta[r][1])]  # fmt: skip
+            if keep and n == 1:  # a lone layer: no loop (see `layers`), its carry is ``carry``
+                (new, _), (ys, saved) = step((carry, held), indices[0])
+                parts[r] = [y[None] for y in ys]
+                carry_in = None if head is not None and r == order[0] else list(carry)
+                kept[r] = ([s[None] for s in saved], carry_in, held)
+                carry = new
+                continue
+            carry_in = None if head is not None and r == order[0] else list(carry)
+            (carry, held), (parts[r], saved) = jax.lax.scan(
+                step, (carry, held), indices, reverse=reverse
             )
+            kept[r] = (saved, carry_in, held)
         ys = [
             jnp.concatenate([parts[r][j] for r in range(len(spans))]) for j in range(len(parts[0]))
         ]
@@ -273,53 +337,96 @@ def segments(
 
     def fwd(consts, init, xs):
         out, kept = forward(consts, init, xs, keep=True)
-        return out, (consts, xs, kept)
+        return out, (consts, init if head is not None else None, xs, kept)
 
     def bwd(residuals, ct):
-        consts, xs, kept = residuals
+        consts, init, xs, kept = residuals
         ct_carry, ct_ys = ct
+        head_vjp = None
         grads = [jnp.zeros_like(c) if _floating(c) else None for c in consts]
         xgrads = [jnp.zeros_like(x) if _floating(x) else None for x in xs]
         for r in reversed(order):
             start, stop = spans[r]
             tree, origin = meta[r]
 
-            def back(state, inp, r=r, tree=tree, origin=origin, start=start, stop=stop):
+            def back(state, inp, carry_in, held, r=r, tree=tree, origin=origin, start=start,
+                     stop=stop):  # fmt: skip
                 ct_c, grads, xgrads = state
                 i, saved, ct_y = inp
                 x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
+                carry = _carry_at(i, start, stop, reverse, carry_in, held, origin)
                 it = iter(saved)
-                leaves = [next(it) if kind == "saved" else (consts if kind == "const" else x)[k]
+                sources = dict(const=consts, x=x, carry=carry)
+                leaves = [next(it) if kind == "saved" else sources[kind][k]
                           for kind, k in origin]  # fmt: skip
-                if stop - start == 1:  # no loop (see `layers`): recompute once ``ct`` is here
-                    leaves = _after(leaves, [kind != "const" for kind, _ in origin], ct_c)
+                # Recompute once ``ct`` is here: with no loop (see `layers`) XLA would merge
+                # the recomputation with the forward pass; in a loop, it overlapped the next
+                # layer's (three attention scores live at once on the vs_torch GPT). In a
+                # loop the input carry is enough to tie (what the recomputation starts from;
+                # the same peaks, less code), else every leaf.
+                tie = [kind == "carry" for kind, _ in origin]
+                if stop - start == 1 or not any(tie):
+                    tie = [kind != "const" for kind, _ in origin]
+                leaves = _after(leaves, tie, ct_c)
                 vjp = jax.tree.unflatten(tree, leaves)
                 d_c, d_consts, d_x = vjp((list(ct_c), list(ct_y)))
                 grads = [g if g is None else g + d for g, d in zip(grads, d_consts, strict=True)]
                 xgrads = [
-                    g if g is None else jax.lax.dynamic_update_index_in_dim(
-                        g, jax.lax.dynamic_index_in_dim(g, i, keepdims=False) + d, i, 0
-                    )
+                    g if g is None else jax.lax.dynamic_update_index_in_dim(g, d, i, 0)
                     for g, d in zip(xgrads, d_x, strict=True)
                 ]  # fmt: skip
                 return (list(d_c), grads, xgrads), None
 
+            saved, carry_in, held = kept[r]
+            if carry_in is None:  # the initial carry: recomputed once the cotangent is here
+                args = _tie_one(list(init), ct_carry)
+                carry_in, head_vjp = jax.vjp(lambda *a: list(head(*a)), *args)
+            back = functools.partial(back, carry_in=carry_in, held=held)
             ct_y = [y[start:stop] for y in ct_ys]
             (ct_carry, grads, xgrads), _ = jax.lax.scan(
                 back,
                 (list(ct_carry), grads, xgrads),
-                (jnp.arange(start, stop), kept[r], ct_y),
+                (jnp.arange(start, stop), saved, ct_y),
                 reverse=not reverse,
             )
         return (
             [_zero_cotangent(c) if g is None else g for c, g in zip(consts, grads, strict=True)],
-            list(ct_carry),
+            list(ct_carry) if head_vjp is None else list(head_vjp(list(ct_carry))),
             [_zero_cotangent(x) if g is None else g for x, g in zip(xs, xgrads, strict=True)],
         )
 
     run.defvjp(fwd, bwd)
     carry, ys = run(list(consts), list(init), list(xs))
     return list(carry), list(ys)
+
+
+def _carried(origin: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The carries among a layer's VJP leaves (``origin``), in order."""
+    return [o for o in origin if o[0] == "carry"]
+
+
+def _slot(i: Any, start: int, first: int, reverse: bool) -> Any:
+    """Where layer ``i`` of a run keeps its input carry: the run's layers after its first in
+    order of the forward pass (slots ``0..n-2``; the first layer's carry is the run's input
+    carry, kept as it is). The first layer writes slot 0 too, before the second layer
+    overwrites it: a write either way, no branch."""
+    if reverse:
+        return jnp.minimum(i - start, first - start - 1)
+    return jnp.maximum(i - start - 1, 0)
+
+
+def _carry_at(i, start, stop, reverse, carry_in, held, origin) -> list[Any]:
+    """The input carries of layer ``i`` of a run that its VJP keeps (by index: ``{k: value}``):
+    the run's input carry for its first layer, else the slot `_slot` wrote."""
+    first = stop - 1 if reverse else start
+    out = {}
+    for b, (_, k) in zip(held, _carried(origin), strict=True):
+        if stop - start == 1:
+            out[k] = carry_in[k]
+            continue
+        at = jax.lax.dynamic_index_in_dim(b, _slot(i, start, first, reverse), keepdims=False)
+        out[k] = jnp.where(i == first, carry_in[k], at)
+    return out
 
 
 def _zero_cotangent(x: Any) -> Any:

@@ -23,6 +23,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jcore
 
 from .._core._schedule import Binomial
+from ._ends import TAIL_POLICY, rewrite_ends
 from ._periodic import periodic_loop
 from ._rewrite import ScanInfo, _count, lax_loop, list_scans, rewrite_scans
 
@@ -217,4 +218,8 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
             schedule=choice.schedule, policy=policy,
         )  # fmt: skip
 
+    segmented = [p for p, c in choices.items() if c.names is not None and c.pattern]
+    if len(segmented) == 1:  # the code around it too (`remat._trace._ends`)
+        (at,) = segmented
+        return rewrite_ends(fn, at, choices[at].pattern, transform, loop, TAIL_POLICY)
     return rewrite_scans(fn, transform, loop)
