@@ -32,7 +32,7 @@ PROBES = 8
 
 
 def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference,
-                       band=BAND, seen=None, above=None):  # fmt: skip
+                       band=BAND, seen=None, above=None, missed=None):  # fmt: skip
     """The cheapest plan found with fewer FLOPs than ``reference`` that its scans, compiled
     alone, predict to fit (with the memory outside the scans that the verified plans
     showed): ``(solution, choice, scan-alone prediction)``, or None.
@@ -51,7 +51,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     (A per-layer candidate over the budget bounds nothing: see the comment where ``above``
     is set; ``above`` may start as the recompute FLOPs of a uniform candidate the rounds
     found over.) One predicted at most ``band`` over the budget counts as fitting (the memory outside
-    the scans is known only once a plan is verified).
+    the scans is known only once a plan is verified). Each candidate checked alone and
+    predicted over is appended to ``missed`` (a list, if given) as ``(solution, choice,
+    scan-alone prediction)``.
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
         return None  # nothing recomputes less than nothing
@@ -90,6 +92,8 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 found = solution, choice, alone
                 reference = step_flops(prep, choice)
                 break  # something cheaper still, higher up?
+            if missed is not None:
+                missed.append((solution, choice, alone))
             if not any(s.pattern for s in choice.choices.values()):
                 # A per-layer candidate over the budget bounds nothing: its program keeps
                 # more than a uniform plan's (two loops, each with its own working set), so
