@@ -68,5 +68,7 @@ def test_a_replan_misled_by_another_plans_margin_finds_the_fresh_plan(decoder, m
     assert again.scans == fresh.scans
     assert again.measured.flops == fresh.measured.flops
     assert again.measured_peak_bytes == fresh.measured_peak_bytes <= AGAIN
+    # ... predicted with the smallest memory outside the scans measured, within the budget.
+    assert again.predicted_peak_bytes <= AGAIN
     assert again.stats.step_compiles == 2
     _memo.forget()
