@@ -58,7 +58,8 @@ def main() -> None:
         p = remat.plan(loss, *args, budget=peak, optimizer=opt, verbose=False)
         seconds = time.perf_counter() - start
         (know,) = _memo._MEMORY.values()
-        shown = sorted({round(m / GIB, 3) for m in _memo.margins(know.prepared, know)})
+        margins = getattr(_memo, "margins", lambda *_: [])  # (absent from older versions)
+        shown = sorted({round(m / GIB, 3) for m in margins(know.prepared, know)})
         print(
             f"{label:8s} at {name}'s peak {peak / GIB:.2f} GiB: compiled "
             f"{p.measured_peak_bytes / GIB:.2f}, predicted {p.predicted_peak_bytes / GIB:.2f} "
