@@ -225,7 +225,9 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                     checks += 1
                     excluded.append(solution)
                     missed.append((solution, choice, alone))
-                    tight += predicted - budget_bytes + STEP_BACK * budget_bytes
+                    spread = _spread(prep, know, first_margin)  # the excess is sure past it
+                    tight += max(0.0, predicted - spread - budget_bytes)
+                    tight += STEP_BACK * budget_bytes
                     above = max(above or 0.0, solution.recompute_flops)
                     continue
                 if best_known(prep, know, budget_bytes) is not None:
@@ -237,7 +239,8 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                                            [*excluded, solution],
                                            step_flops(prep, choice),
                                            band_for(know, calibrated, False),
-                                           (choice, alone), above, missed)  # fmt: skip
+                                           (choice, alone), above, missed,
+                                           _spread(prep, know, first_margin))  # fmt: skip
                 if found is not None:
                     fallback = solution  # verified next if ``found`` is over
                     solution, choice, alone = found
@@ -267,7 +270,8 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
             best = best_known(prep, know, budget_bytes)
             found = cheaper_candidate(prep, know, budget_bytes, options, tight, excluded,
                                        cost(prep, best), band_for(know, calibrated, True),
-                                       seen_in(best), above, missed)  # fmt: skip
+                                       seen_in(best), above, missed,
+                                       _spread(prep, know, first_margin))  # fmt: skip
             if found is None:
                 break
             pending = (found[0], False)
@@ -284,6 +288,20 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
     return rounds, solve_seconds
 
 
+def _shown(prep, know, first_margin) -> list[float]:
+    """The memory outside the scans each measured point showed (`_memo.margins`), and the
+    one the rounds began with (``first_margin``: maybe learnt on another plan)."""
+    return margins(prep, know) + ([] if first_margin is None else [first_margin])
+
+
+def _spread(prep, know, first_margin) -> float:
+    """How far the memory outside the scans has differed between the points measured: a
+    candidate predicted over the budget by less may fit (`_within_spread`), and the model is
+    stepped back only by an excess beyond it."""
+    shown = _shown(prep, know, first_margin)
+    return max(shown) - min(shown) if shown else 0.0
+
+
 def _within_spread(prep, know, budget_bytes, missed, first_margin, say) -> int:
     """Before the rounds settle on the best plan that fits: the cheapest candidate checked
     alone and put over the budget only by the memory outside the scans (`Knowledge.margin`,
@@ -297,7 +315,7 @@ def _within_spread(prep, know, budget_bytes, missed, first_margin, say) -> int:
     rounds = 0
     while rounds < SPREAD_ROUNDS:
         best = best_known(prep, know, budget_bytes)
-        shown = margins(prep, know) + ([] if first_margin is None else [first_margin])
+        shown = _shown(prep, know, first_margin)
         if best is None or not shown or max(shown) - min(shown) <= 0:
             break
         reference = cost(prep, best) * (1 - 1e-9)
