@@ -140,5 +140,18 @@ def best_known(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | No
     return min(fits, key=lambda k: (cost(prep, k), _per_layer(k.choice), peak_of(k.measured)))
 
 
+def margins(prep: Prepared, know: Knowledge) -> list[float]:
+    """The memory outside the scans each measured point showed: the un-checkpointed step's
+    (`Prepared.margin`) and, per verified plan, its compiled peak minus its scan-alone
+    prediction (`Known.alone`). It differs between save sets (what the step keeps beside the
+    scans as their peak falls, e.g. the loss head's logits), so the last one
+    (`Knowledge.margin`) is a correction learnt on one plan, good to within their spread."""
+    out = [] if prep.margin is None else [float(prep.margin)]
+    for k in know.measured.values():
+        if k.alone is not None and k.measured.peak_source != REFUSED:
+            out.append(float(peak_of(k.measured) - k.alone))
+    return out
+
+
 def _per_layer(choice: Choice) -> bool:
     return any(s.pattern for s in choice.choices.values())

@@ -32,7 +32,7 @@ PROBES = 8
 
 
 def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference,
-                       band=BAND, seen=None, above=None):  # fmt: skip
+                       band=BAND, seen=None, above=None, missed=None, spread=0.0):  # fmt: skip
     """The cheapest plan found with fewer FLOPs than ``reference`` that its scans, compiled
     alone, predict to fit (with the memory outside the scans that the verified plans
     showed): ``(solution, choice, scan-alone prediction)``, or None.
@@ -51,7 +51,10 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     (A per-layer candidate over the budget bounds nothing: see the comment where ``above``
     is set; ``above`` may start as the recompute FLOPs of a uniform candidate the rounds
     found over.) One predicted at most ``band`` over the budget counts as fitting (the memory outside
-    the scans is known only once a plan is verified).
+    the scans is known only once a plan is verified). Each candidate checked alone and
+    predicted over is appended to ``missed`` (a list, if given) as ``(solution, choice,
+    scan-alone prediction)``; ``spread`` is how far the memory outside the scans has differed
+    between the points measured: the model steps back only by an excess beyond it.
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
         return None  # nothing recomputes less than nothing
@@ -90,14 +93,16 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 found = solution, choice, alone
                 reference = step_flops(prep, choice)
                 break  # something cheaper still, higher up?
+            if missed is not None:
+                missed.append((solution, choice, alone))
             if not any(s.pattern for s in choice.choices.values()):
                 # A per-layer candidate over the budget bounds nothing: its program keeps
                 # more than a uniform plan's (two loops, each with its own working set), so
                 # a uniform plan that recomputes less may still fit.
                 above = solution.recompute_flops
-                # ... and steps the model back by its excess: the next candidate the model
-                # puts less than that under this one would be over too.
-                back += alone + margin - budget_bytes * (1 + band)
+                # ... and steps the model back by its excess beyond ``spread``: the next
+                # candidate the model puts less than that under this one would be over too.
+                back += max(0.0, alone + margin - spread - budget_bytes * (1 + band))
     return found
 
 
