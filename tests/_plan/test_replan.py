@@ -6,7 +6,7 @@ between save sets, so a correction learnt at one budget can put the plan a fresh
 at another budget over it. Here the correction is made too large by hand, by just enough to put
 the fresh plan over its budget: the re-plan must still find it, by compiling the cheapest
 candidate that the spread of the memory measured outside the scans (`_memo.margins`) puts
-within the budget (`_rounds._within_spread`); without that it settles on a dearer plan.
+within the budget (`_spread.within_spread`); without that it settles on a dearer plan.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import optax
 import pytest
 
 import remat
-from remat._plan import _memo, _rounds
+from remat._plan import _memo, _spread
 
 SIZES = dict(layers=4, d_model=256, heads=4, kv_heads=2, mlp_dim=1024, seq=512, batch=1,
              vocab=4096, dtype=jnp.bfloat16)  # fmt: skip
@@ -38,6 +38,7 @@ def plan(decoder, budget):
     return remat.plan(loss, *args, budget=budget, optimizer=opt, verbose=False)
 
 
+@pytest.mark.slow  # four plans of a decoder with Adam: ~35 s of CPU, over the default run's share
 def test_a_replan_misled_by_another_plans_margin_finds_the_fresh_plan(decoder, monkeypatch):
     _memo.forget()
     fresh = plan(decoder, AGAIN)
@@ -57,7 +58,7 @@ def test_a_replan_misled_by_another_plans_margin_finds_the_fresh_plan(decoder, m
     # Without the check within the spread, the re-plan settles on a dearer plan.
     know.margin = misled
     with monkeypatch.context() as m:
-        m.setattr(_rounds, "SPREAD_ROUNDS", 0)
+        m.setattr(_spread, "SPREAD_ROUNDS", 0)
         dearer = plan(decoder, AGAIN)
     assert dearer.measured_peak_bytes <= AGAIN
     assert dearer.measured.flops > fresh.measured.flops

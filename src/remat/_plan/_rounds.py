@@ -32,7 +32,7 @@ from ._alone import charged_options, check_alone, compile_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
-from ._memo import Knowledge, Known, best_known, choice_key, cost, margins, step_flops
+from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
 from ._named import ahead as named_ahead
 from ._named import describe, try_given, try_named
@@ -52,6 +52,8 @@ from ._search import (
     seen_in,
     smaller_candidate,
 )
+from ._spread import spread as memory_spread
+from ._spread import within_spread
 
 # Rounds that compile the whole step, when a plan that fits is known by then.
 ROUNDS = 2
@@ -63,9 +65,6 @@ STEP_BACK = 0.002
 # on its scans alone beside that compile (`_ample`): the model's error on the programs
 # measured is within 6%.
 SLACK = 0.10
-# Candidates predicted over the budget by less than the spread of the memory outside the scans
-# that are compiled whole before the rounds settle, at most (`_within_spread`).
-SPREAD_ROUNDS = 1
 
 
 def plan_prepared(
@@ -166,7 +165,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
     # The most recompute FLOPs of a candidate checked alone and predicted over the budget:
     # what recomputes as little keeps as much, so no solve looks below it (`above_floor`).
     above: float | None = None
-    # Candidates checked alone and predicted over the budget (`_within_spread`).
+    # Candidates checked alone and predicted over the budget (`_spread.within_spread`).
     missed: list[tuple[Solution, Choice, float]] = []
     first_margin = know.margin  # the memory outside the scans the rounds begin with
     while rounds < max_rounds:
@@ -233,7 +232,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                     checks += 1
                     excluded.append(solution)
                     missed.append((solution, choice, alone))
-                    spread = _spread(prep, know, first_margin)  # the excess is sure past it
+                    spread = memory_spread(prep, know, first_margin)  # the excess is sure past it
                     tight += max(0.0, predicted - spread - budget_bytes)
                     tight += STEP_BACK * budget_bytes
                     above = max(above or 0.0, solution.recompute_flops)
@@ -248,7 +247,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                                            step_flops(prep, choice),
                                            band_for(know, calibrated, False),
                                            (choice, alone), above, missed,
-                                           _spread(prep, know, first_margin))  # fmt: skip
+                                           memory_spread(prep, know, first_margin))  # fmt: skip
                 if found is not None:
                     fallback = solution  # verified next if ``found`` is over
                     solution, choice, alone = found
@@ -279,7 +278,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
             found = cheaper_candidate(prep, know, budget_bytes, options, tight, excluded,
                                        cost(prep, best), band_for(know, calibrated, True),
                                        seen_in(best), above, missed,
-                                       _spread(prep, know, first_margin))  # fmt: skip
+                                       memory_spread(prep, know, first_margin))  # fmt: skip
             if found is None:
                 break
             pending = (found[0], False)
@@ -292,56 +291,8 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
             break
         elif smallest:
             break  # the least memory the model knows is over: nothing smaller to try
-    rounds += _within_spread(prep, know, budget_bytes, missed, first_margin, say)
+    rounds += within_spread(prep, know, budget_bytes, missed, first_margin, say, _verify)
     return rounds, solve_seconds
-
-
-def _shown(prep, know, first_margin) -> list[float]:
-    """The memory outside the scans each measured point showed (`_memo.margins`), and the
-    one the rounds began with (``first_margin``: maybe learnt on another plan)."""
-    return margins(prep, know) + ([] if first_margin is None else [first_margin])
-
-
-def _spread(prep, know, first_margin) -> float:
-    """How far the memory outside the scans has differed between the points measured: a
-    candidate predicted over the budget by less may fit (`_within_spread`), and the model is
-    stepped back only by an excess beyond it."""
-    shown = _shown(prep, know, first_margin)
-    return max(shown) - min(shown) if shown else 0.0
-
-
-def _within_spread(prep, know, budget_bytes, missed, first_margin, say) -> int:
-    """Before the rounds settle on the best plan that fits: the cheapest candidate checked
-    alone and put over the budget only by the memory outside the scans (`Knowledge.margin`,
-    learnt on the last plan verified, maybe another budget's: ``first_margin`` where the
-    rounds began) is compiled whole, at most `SPREAD_ROUNDS` times, when the smallest such
-    memory any measured point showed (`_memo.margins`) puts it within the budget. That
-    memory differs between save sets (Llama-3-8B shapes: 27.99 GiB beside the
-    un-checkpointed step's scans, 29.98 beside MaxText ``minimal``'s save set, 28.10 beside
-    the cheapest that fits ``save_dot_with_context_except_mlp``'s peak); where every point
-    showed the same, nothing is compiled. Returns the steps compiled."""
-    rounds = 0
-    while rounds < SPREAD_ROUNDS:
-        best = best_known(prep, know, budget_bytes)
-        shown = _shown(prep, know, first_margin)
-        if best is None or not shown or max(shown) - min(shown) <= 0:
-            break
-        reference = cost(prep, best) * (1 - 1e-9)
-        near = [
-            (step_flops(prep, choice), alone, choice)
-            for _, choice, alone in missed
-            if choice_key(choice) not in know.measured
-            and step_flops(prep, choice) < reference
-            and alone + min(shown) <= budget_bytes
-        ]
-        if not near:
-            break
-        _, alone, choice = min(near, key=lambda n: n[:2])
-        say("verifying a plan within the spread of the memory outside the scans")
-        # Predicted with the memory outside the scans that puts it within the budget.
-        _verify(prep, know, choice_key(choice), choice, min(shown), alone=alone)
-        rounds += 1
-    return rounds
 
 
 def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> int:

@@ -1,0 +1,66 @@
+"""The spread of the memory outside the scans between plans measured, and the candidates it
+leaves in doubt.
+
+The planner learns the memory outside the scans (what the scan-alone programs do not see) from
+each plan it compiles whole, and predicts the next candidates with the last one learnt. That
+memory differs between save sets, so a candidate predicted over the budget by less than it has
+varied may fit: `within_spread` compiles the cheapest such candidate before the rounds settle,
+and `spread` is how far the rounds step the model back only past it.
+"""
+
+from __future__ import annotations
+
+from ._memo import best_known, choice_key, cost, margins, step_flops
+
+# Candidates predicted over the budget by less than the spread of the memory outside the scans
+# that are compiled whole before the rounds settle, at most (`within_spread`).
+SPREAD_ROUNDS = 1
+
+
+def _shown(prep, know, first_margin) -> list[float]:
+    """The memory outside the scans each measured point showed (`_memo.margins`), and the
+    one the rounds began with (``first_margin``: maybe learnt on another plan)."""
+    return margins(prep, know) + ([] if first_margin is None else [first_margin])
+
+
+def spread(prep, know, first_margin) -> float:
+    """How far the memory outside the scans has differed between the points measured: a
+    candidate predicted over the budget by less may fit (`within_spread`), and the model is
+    stepped back only by an excess beyond it."""
+    shown = _shown(prep, know, first_margin)
+    return max(shown) - min(shown) if shown else 0.0
+
+
+def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -> int:
+    """Before the rounds settle on the best plan that fits: the cheapest candidate checked
+    alone and put over the budget only by the memory outside the scans (`Knowledge.margin`,
+    learnt on the last plan verified, maybe another budget's: ``first_margin`` where the
+    rounds began) is compiled whole, at most `SPREAD_ROUNDS` times, when the smallest such
+    memory any measured point showed (`_memo.margins`) puts it within the budget. That
+    memory differs between save sets (Llama-3-8B shapes: 27.99 GiB beside the
+    un-checkpointed step's scans, 29.98 beside MaxText ``minimal``'s save set, 28.10 beside
+    the cheapest that fits ``save_dot_with_context_except_mlp``'s peak); where every point
+    showed the same, nothing is compiled. ``verify`` compiles a candidate whole and records it
+    (`_rounds._verify`). Returns the steps compiled."""
+    rounds = 0
+    while rounds < SPREAD_ROUNDS:
+        best = best_known(prep, know, budget_bytes)
+        shown = _shown(prep, know, first_margin)
+        if best is None or not shown or max(shown) - min(shown) <= 0:
+            break
+        reference = cost(prep, best) * (1 - 1e-9)
+        near = [
+            (step_flops(prep, choice), alone, choice)
+            for _, choice, alone in missed
+            if choice_key(choice) not in know.measured
+            and step_flops(prep, choice) < reference
+            and alone + min(shown) <= budget_bytes
+        ]
+        if not near:
+            break
+        _, alone, choice = min(near, key=lambda n: n[:2])
+        say("verifying a plan within the spread of the memory outside the scans")
+        # Predicted with the memory outside the scans that puts it within the budget.
+        verify(prep, know, choice_key(choice), choice, min(shown), alone=alone)
+        rounds += 1
+    return rounds
