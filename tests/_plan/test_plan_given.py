@@ -123,3 +123,24 @@ def test_a_strategy_naming_no_value_of_the_scans_is_refused_with_the_names_they_
     _, choice = given_choice(prep, "names:a,qkv_proj")
     (scan,) = choice.choices.values()
     assert [v.user_name for v in prep.models[0].values if v.name in scan.names] == ["a"]
+
+
+@pytest.mark.parametrize("planner", ["plan", "plan_budgets"])
+def test_strategies_reach_a_program_rolled_from_a_python_loop(planner):
+    """Layers in a Python loop are rolled into a scan and planned; the strategies given go
+    with them (a name no value has is refused there, as on a scanned program)."""
+    import jax.numpy as jnp
+
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(jnp.sin(x @ w) @ w)
+        return jnp.sum(x**2)
+
+    args = ([jnp.full((16, 16), 0.1) for _ in range(4)], jnp.ones((256, 16)))
+    with pytest.raises(ValueError, match="no value of the program's scans has any of these"):
+        if planner == "plan":
+            remat.plan(loss, *args, budget="60%", strategies=["names:nope"], verbose=False)
+        else:  # `plan_budgets` returns the errors of budgets that do not fit, raises this one
+            remat.plan_budgets(
+                loss, *args, budgets=["60%"], strategies=["names:nope"], verbose=False
+            )

@@ -230,7 +230,7 @@ def plan(
         if roll and not has_scans(fn, args):
             (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
                                       device_memory, bandwidth, progress,
-                                      per_layer=per_layer)  # fmt: skip
+                                      per_layer=per_layer, strategies=strategies)  # fmt: skip
             if isinstance(result, InfeasibleBudget):
                 raise result
             return _finished(result, spec, user)
@@ -396,7 +396,8 @@ def plan_budgets(
     ):
         if roll and not has_scans(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
-                                    progress, per_layer=per_layer)  # fmt: skip
+                                    progress, per_layer=per_layer,
+                                    strategies=strategies)  # fmt: skip
             return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec, user)
                     for p in planned]  # fmt: skip
         know = knowledge(fn, args, spec, schedules, None, progress, per_layer)

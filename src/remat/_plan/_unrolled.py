@@ -74,12 +74,14 @@ def plan_unrolled(
     host_bandwidth: float | None = None,
     progress: Any = None,
     per_layer: bool = False,
+    strategies: tuple[str, ...] = (),
 ) -> list[Plan | InfeasibleBudget]:
     """Plans a program without scans at each budget (see the module docstring).
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits. The
     rolled program's plans share what is learned about it (`_memo.Knowledge`): a plan
-    compiled for one budget competes at the others. ``progress`` is told each stage.
+    compiled for one budget competes at the others. ``progress`` is told each stage;
+    ``strategies`` are compiled beside the rolled program's candidates (`remat.plan`'s).
 
     Raises:
       ValueError: when the program has no repeated layers to roll (with the reason).
@@ -113,7 +115,8 @@ def plan_unrolled(
                                      host_bandwidth, progress, baseline=written,
                                      per_layer=per_layer))  # fmt: skip
         try:
-            plan = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress)
+            plan = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
+                                 strategies=strategies)  # fmt: skip
         except InfeasibleBudget as err:
             out.append(err)
             continue
