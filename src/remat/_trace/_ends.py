@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from ._periodic import periodic_loop
@@ -53,14 +52,18 @@ TAIL_POLICY = jax.checkpoint_policies.dots_saveable
 _DEAR = frozenset(
     {"dot_general", "conv_general_dilated", "scan", "while", "custom_vjp_call", "custom_jvp_call"}
 )
+# Primitives a checkpointed tail may not hold: checkpointing it would run a loop's forward
+# pass again.
+_LOOPS = frozenset({"scan", "while"})
 
 
-def _dear(eqns: Sequence[Any]) -> bool:
-    """Whether any of ``eqns``, or an equation inside them, is in `_DEAR`."""
+def _holds(eqns: Sequence[Any], names: frozenset[str]) -> bool:
+    """Whether any of ``eqns``, or an equation inside them, is one of ``names`` or has effects
+    (an effect is not run twice)."""
     for eqn in eqns:
-        if eqn.primitive.name in _DEAR or eqn.effects:  # (an effect is not run twice)
+        if eqn.primitive.name in names or eqn.effects:
             return True
-        if any(_dear(j.eqns) for j in sub_jaxprs(eqn)):
+        if any(_holds(j.eqns, names) for j in sub_jaxprs(eqn)):
             return True
     return False
 
@@ -68,7 +71,8 @@ def _dear(eqns: Sequence[Any]) -> bool:
 def head_eqns(jaxpr: jcore.Jaxpr, s: int) -> frozenset[int]:
     """The indices of the equations before ``jaxpr.eqns[s]`` (a scan) whose outputs are used
     only by each other and as the scan's initial carry, and whose inputs are the program's
-    arguments, its constants or each other's outputs; none of them dear (`_DEAR`).
+    arguments, its constants or each other's outputs; none of them holding `_DEAR` work
+    (`_holds`).
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -95,7 +99,7 @@ def head_eqns(jaxpr: jcore.Jaxpr, s: int) -> frozenset[int]:
     for j in reversed(range(s)):
         eqn = jaxpr.eqns[j]
         used = set().union(*(uses.get(v, set()) for v in eqn.outvars))
-        if used and used <= head | {"init"} and not _dear([eqn]):
+        if used and used <= head | {"init"} and not _holds([eqn], _DEAR):
             head.add(j)
     # Only code that reads the program's arguments, constants or the head itself: keeping
     # another value in place of the carry it makes would save nothing.
@@ -116,23 +120,9 @@ def head_eqns(jaxpr: jcore.Jaxpr, s: int) -> frozenset[int]:
 
 
 def _eval(interp, eqns, env, base):
-    """Evaluates ``eqns`` (the program's own, at the top) into ``env`` as `_Interpreter.eval`
-    does; returns the scan position after them."""
-    for eqn in eqns:
-        invals = [v.val if isinstance(v, jcore.Literal) else env[v] for v in eqn.invars]
-        name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-        with (
-            source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
-            eqn.ctx.manager,
-        ):
-            outs = interp.eval_eqn(eqn, invals, base, (), ())
-        base += count_eqn(eqn, interp.memo)
-        if not eqn.primitive.multiple_results:
-            outs = [outs]
-        for v, x in zip(eqn.outvars, outs, strict=True):
-            if not isinstance(v, jcore.DropVar):
-                env[v] = x
-    return base
+    """Evaluates ``eqns`` (the program's own, at the top) into ``env``; returns the scan
+    position after them."""
+    return interp.eval_eqns(eqns, env, base, (), ())
 
 
 def _inputs(eqns: Sequence[Any], defined: set[Any]) -> list[Any]:
@@ -191,7 +181,7 @@ def rewrite_ends(
             base = _scan(interp, jaxpr, s, [jaxpr.eqns[j] for j in sorted(head)], env, base,
                          pattern)  # fmt: skip
             after = list(jaxpr.eqns[s + 1 :])
-            if tail_policy is None or not after or _loops(after) or any(e.effects for e in after):
+            if tail_policy is None or not after or _holds(after, _LOOPS):
                 _eval(interp, after, env, base)
                 return [v.val if isinstance(v, jcore.Literal) else env[v] for v in jaxpr.outvars]
             inputs = _inputs(after, set())
@@ -210,17 +200,6 @@ def rewrite_ends(
         return evaluate
 
     return _rewritten(fn, evaluator)
-
-
-def _loops(eqns: Sequence[Any]) -> bool:
-    """Whether ``eqns`` hold a loop (then the tail is left as it is: checkpointing it would
-    run a loop's forward pass again; so is a tail with effects)."""
-    for eqn in eqns:
-        if eqn.primitive.name in ("scan", "while") or _loops(
-            [e for j in sub_jaxprs(eqn) for e in j.eqns]
-        ):
-            return True
-    return False
 
 
 def _scan(interp, jaxpr, s, head, env, base, pattern) -> int:

@@ -142,16 +142,18 @@ class _Interpreter:
 
     def eval(self, jaxpr: jcore.Jaxpr, consts, args, base: int, path, rel, tag=None) -> list[Any]:
         env: dict[Any, Any] = {}
-
-        def read(v):
-            return v.val if isinstance(v, jcore.Literal) else env[v]
-
         for v, x in zip(jaxpr.constvars, consts, strict=True):
             env[v] = x
         for v, x in zip(jaxpr.invars, args, strict=True):
             env[v] = x
-        for eqn in jaxpr.eqns:
-            invals = [read(v) for v in eqn.invars]
+        self.eval_eqns(jaxpr.eqns, env, base, path, rel, tag)
+        return [v.val if isinstance(v, jcore.Literal) else env[v] for v in jaxpr.outvars]
+
+    def eval_eqns(self, eqns, env: dict[Any, Any], base: int, path, rel, tag=None) -> int:
+        """Evaluates ``eqns`` in order into ``env`` (which holds their inputs), the first at
+        scan position ``base``; returns the position after them."""
+        for eqn in eqns:
+            invals = [v.val if isinstance(v, jcore.Literal) else env[v] for v in eqn.invars]
             name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
             with (
                 source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
@@ -166,7 +168,7 @@ class _Interpreter:
             for v, x in zip(eqn.outvars, outs, strict=True):
                 if not isinstance(v, jcore.DropVar):
                     env[v] = x
-        return [read(v) for v in jaxpr.outvars]
+        return base
 
     def eval_eqn(self, eqn, invals, base, path, rel):
         prim, params = eqn.primitive, eqn.params
