@@ -26,6 +26,8 @@ _NAMED_POLICIES: dict[str, Callable[..., Any] | None] = {
     "everything": jax.checkpoint_policies.everything_saveable,
 }
 STRATEGY_NAMES = (*_NAMED_POLICIES, "names:<a,b,...>", "offload:<a,b,...>")
+# The named strategies a plan can be made of (every scan or per scan), besides "names:a,b".
+PLANNABLE_NAMES = ("full", "dots", "everything")
 
 _UNKNOWN_STRATEGY = (
     "`{where}` got strategy {got}, which is not a known strategy. Valid strings are "
@@ -49,7 +51,13 @@ _BAD_SCANS = (
 )
 
 
-def _split_names(spec: str, where: str) -> tuple[str, ...]:
+def split_names(spec: str, where: str) -> tuple[str, ...]:
+    """The names of a ``"names:a,b"`` or ``"offload:a,b"`` strategy; a ValueError naming
+    ``where`` if there are none.
+
+      >>> split_names("names: attn_out, mlp_hidden", "remat.plan")
+      ('attn_out', 'mlp_hidden')
+    """
     _, _, rest = spec.partition(":")
     names = tuple(n.strip() for n in rest.split(",") if n.strip())
     if not names:
@@ -65,7 +73,7 @@ def check_policy(policy: object, where: str) -> object:
         if policy in _NAMED_POLICIES:
             return policy
         if policy.startswith(("names:", "offload:")):
-            _split_names(policy, where)
+            split_names(policy, where)
             return policy
     if getattr(type(policy), "__remat_plan__", False):
         raise ValueError(_PLAN_AS_STRATEGY.format(where=where))
@@ -177,7 +185,7 @@ def resolve_policy(
         return policy
     if policy in _NAMED_POLICIES:
         return _NAMED_POLICIES[policy]
-    names = _split_names(policy, where)
+    names = split_names(policy, where)
     if policy.startswith("names:"):
         return jax.checkpoint_policies.save_only_these_names(*names)
     reason = offload_unavailable_reason(device)

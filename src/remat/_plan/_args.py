@@ -11,6 +11,7 @@ from typing import Any
 
 from .._core._budget import Budget, read_budget
 from .._core._errors import renamed
+from .._core._strategy import PLANNABLE_NAMES, split_names
 
 _NOT_BOOL = (
     "`{where}` got {name}={got!r}; pass True or False ({name} is a switch, and a "
@@ -41,7 +42,6 @@ _BAD_STRATEGIES = (
     "plan, each 'full', 'dots', 'everything' or 'names:a,b' (values the program names with "
     "`checkpoint_name`), e.g. strategies=['names:query_proj,key_proj,value_proj']."
 )
-STRATEGY_NAMES = ("full", "dots", "everything")
 
 
 def check_strategies(value: Any, where: str = "remat.plan") -> tuple[str, ...]:
@@ -49,9 +49,14 @@ def check_strategies(value: Any, where: str = "remat.plan") -> tuple[str, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise ValueError(_BAD_STRATEGIES.format(where=where, got=value))
     for s in value:
-        named = isinstance(s, str) and s.startswith("names:")
-        if not (s in STRATEGY_NAMES or (named and any(n.strip() for n in s[6:].split(",")))):
+        if s in PLANNABLE_NAMES:
+            continue
+        if not (isinstance(s, str) and s.startswith("names:")):
             raise ValueError(_BAD_STRATEGIES.format(where=where, got=value))
+        try:
+            split_names(s, where)
+        except ValueError:
+            raise ValueError(_BAD_STRATEGIES.format(where=where, got=value)) from None
     return tuple(value)
 
 

@@ -28,6 +28,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from .._core._strategy import PLANNABLE_NAMES, split_names
 from ._alone import check_alone
 from ._baseline import REFUSED
 from ._calibrate import Prepared
@@ -36,7 +37,7 @@ from ._milp import Solution
 from ._options import Choice, decode, fixed_solution
 
 # The named per-step save sets, least memory first.
-NAMES = ("full", "dots", "everything")
+NAMES = PLANNABLE_NAMES
 # A budget at most this far above the least memory measured for the program makes the named
 # strategies candidates even when a plan fits (the model is least accurate there).
 NEAR = 0.10
@@ -194,7 +195,7 @@ def given_choice(prep: Prepared, strategy: str) -> tuple[Solution, Choice]:
     are ignored (a scan with none of them saves nothing), but not every name everywhere."""
     if strategy in NAMES:
         return named_choice(prep, (strategy,) * len(_per_step(prep)))
-    wanted = {n.strip() for n in strategy.partition(":")[2].split(",") if n.strip()}
+    wanted = set(split_names(strategy, "remat.plan"))
     parts, names = [], set()
     for o in _per_step(prep):
         values = prep.models[prep.cands[o].scan].values
