@@ -231,6 +231,7 @@ def solve(
     minimize: str = "flops",
     max_flops: float | None = None,
     min_flops: float | None = None,
+    max_saved: float | None = None,
     time_limit: float = 30.0,
     exclude: Sequence[Solution] = (),
 ) -> Solution | None:
@@ -257,6 +258,9 @@ def solve(
       min_flops: the fewest recompute FLOPs allowed (options' FLOPs included): e.g. above
         those of a candidate found over the budget on the compiled program. ``None``: no
         limit.
+      max_saved: the most bytes stored (saved values times their multiplicity, and the
+        options' bytes; unweighted, `Solution.saved_bytes`), whatever the memory budget.
+        ``None``: no limit.
       time_limit: seconds HiGHS may take.
       exclude: solutions not to return again (their saved values and options; a "no-good"
         cut each), e.g. candidates found over the budget on the compiled program.
@@ -373,6 +377,10 @@ def solve(
     if min_flops is not None:
         coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}
         row(coeffs, min_flops / scale_flops, np.inf)
+    if max_saved is not None:
+        stored = {i: node.bytes * node.multiplicity / scale_mem for i, node in enumerate(nodes)}
+        stored.update({y + k: opt.bytes / scale_mem for k, opt in enumerate(options)})
+        row({k: v for k, v in stored.items() if v}, -np.inf, max_saved / scale_mem)
     upper = np.ones(nvar)
     for i, node in enumerate(nodes):
         upper[i] = 1.0 if node.saveable else 0.0
