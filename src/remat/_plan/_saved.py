@@ -88,16 +88,21 @@ def within_saved(prep: Prepared, know: Knowledge, budget_bytes: int, saved: int,
 
 
 def outside_of(know: Knowledge, choice: Any = None) -> float:
-    """What a step saves beyond the stored bytes its scans' model counts, as the compiled
-    plans showed: the least of those of ``choice``'s kind (per-layer or uniform; any kind
-    without ``choice`` or where none is of its kind), 0 when none."""
+    """What a step saves beyond the stored bytes its scans' model counts (`Choice.kept`), as
+    the compiled plans showed (negative where the model counts more): that of the plan of
+    ``choice``'s kind (per-layer or uniform) whose model keeps the nearest bytes to it; the
+    least of all without ``choice`` or where none is of its kind; 0 when none is known."""
     shown = [
-        (saved_of(k.measured) - k.choice.stored, _per_layer(k.choice))
+        (saved_of(k.measured) - k.choice.kept, _per_layer(k.choice), k.choice.kept)
         for k in know.measured.values()
-        if k.choice.stored > 0 and k.measured.residuals
+        if k.choice.kept > 0 and k.measured.residuals
     ]
-    same = [v for v, kind in shown if choice is not None and kind == _per_layer(choice)]
-    return max(0.0, min(same or [v for v, _ in shown] or [0.0]))
+    if choice is not None:
+        same = [(abs(kept - choice.kept), v) for v, kind, kept in shown
+                if kind == _per_layer(choice)]  # fmt: skip
+        if same:
+            return min(same)[1]
+    return min((v for v, _, _ in shown), default=0.0)
 
 
 def _solve_within(prep, know, budget_bytes, saved, excluded, outside):
@@ -105,7 +110,9 @@ def _solve_within(prep, know, budget_bytes, saved, excluded, outside):
     peak budget, not in ``excluded``: ``(solution, choice)``, or None."""
     solution = solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
                      fixed_bytes=prep.base + (know.margin or 0.0), exclude=excluded,
-                     max_saved=saved - outside, **_weights(prep))  # fmt: skip
+                     max_saved=saved - outside,
+                     option_saved=[c.option.bytes for c in prep.cands],
+                     **_weights(prep))  # fmt: skip
     return None if solution is None else (solution, _decode(prep, solution))
 
 
