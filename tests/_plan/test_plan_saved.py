@@ -31,6 +31,9 @@ def test_a_cap_on_saved_bytes_recomputes_what_it_leaves_out(stack):
     assert p.measured_peak_bytes <= p.budget_bytes
     assert p.measured.flops - free.measured.flops == LAYERS * 2 * BATCH * D * 4 * D
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
+    (again,) = remat.plan_budgets(loss, *args, budgets=["100%"], saved=(LAYERS + 1) * CARRY,
+                                  verbose=False)  # fmt: skip
+    assert again.scans == p.scans and again.stats.step_compiles == 0  # the program is known
 
 
 def test_a_cap_nothing_reaches_says_what_the_least_saved_was(stack):
