@@ -696,7 +696,7 @@ def section(results: list[dict], wall: float, quick: bool) -> str:
 
 
 WHY = [
-    "Where torch does better, and why (the next section, `benchmarks/vs_torch_sets.py`, "
+    "How each reaches torch's saved bytes (the next section, `benchmarks/vs_torch_sets.py`, "
     "compares what each keeps block by block). torch's partitioner decides per node of the "
     "unrolled graph, the code before and after the layers included. Per block it keeps what "
     "one point of remat's Pareto front of the layer keeps (GPT at 50%: 5.00 MiB in every "
@@ -718,9 +718,9 @@ WHY = [
     "at +2.05% peaks at 62.69 MiB, the 25% row above; on the MLP the layers' input carries "
     "alone, 4.00 MiB at +16.67%, peak above mixes over the layers that keep more bytes at "
     "fewer FLOPs, so a budget that admits it admits them), and bisecting the budget found 2 "
-    "of these 6 points. "
-    "Where remat does better "
-    "at the same fraction it is because the fractions are of different totals: JAX's "
+    "of these 6 points. Without `per_layer=True` (one save set in every layer of the plain "
+    "scan) and the code around the scan left as written, remat keeps more at these points. "
+    "Where remat does better at the same fraction it is because the fractions are of different totals: JAX's "
     "autodiff without checkpointing keeps every elementwise intermediate, torch's "
     "runtime-optimal min-cut already drops the ones that are free to recompute, so remat's "
     "50% and 25% budgets leave more bytes than torch's (compare the saved columns and the "
