@@ -16,7 +16,7 @@ compiled peak and the FLOPs over the un-checkpointed step. Timings are medians a
 the machine's load (printed): compare the forms of one run, not runs.
 
 Usage:
-  PYTHONPATH=src python benchmarks/perlayer_compile.py [--arch gpt] [--repeats 3] [--no-write]
+  PYTHONPATH=src python benchmarks/perlayer_compile.py [--arch gpt] [--repeats 5] [--no-write]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from bench_common import (
 from remat._trace._tag import ScanChoice, rewrite
 from vs_torch_sets import remat_front
 
-REPEATS = 3
+REPEATS = 5
 MARKERS = ("<!-- perlayer_compile:start -->", "<!-- perlayer_compile:end -->")
 HEAD = ("form", "lower s", "compile s", "x plain", "loops", "HLO lines", "peak MiB", "FLOPs")
 

@@ -14,6 +14,7 @@ from remat._measure._peak import compiled_memory
 from remat._plan._compile import peak_of
 from remat._plan._costmodel import model_scans
 from remat._plan._json import read_plan
+from remat._plan._memo import saved_of
 from remat._plan._milp import Node, Option, solve
 from remat._plan._options import candidates
 from remat._plan._perlayer import first_carry, pareto_points, period_candidates
@@ -80,11 +81,23 @@ def test_plan_budgets_plans_per_layer_too(stack, planned):
     assert again.stats.step_compiles <= 1  # the program is known
 
 
-def test_a_uniform_plan_stays_uniform(stack):
+def test_of_two_plans_with_equal_flops_the_smaller_one_wins(stack):
+    """Both fit 100%: the uniform plan that recomputes nothing, and the same save set in every
+    layer run as segments, which keeps the first layer's input where it lives (the step's
+    argument) instead of a stacked copy. Equal FLOPs: the one that saves a carry less, with
+    the smaller compiled peak, is returned."""
     loss, args = stack
-    p = remat.plan(loss, *args, budget="100%", per_layer=True)
-    assert all(s.pattern == () for s in p.scans)
-    assert "pattern" not in json.dumps(p.to_dict())
+    uniform = remat.plan(loss, *args, budget="100%", verbose=False)
+    assert "pattern" not in json.dumps(uniform.to_dict())  # a uniform plan writes none
+    p = remat.plan(loss, *args, budget="100%", per_layer=True, verbose=False)
+    names = uniform.scans[0].names
+    assert p.scans[0].pattern == (names,) * 8
+    assert p.measured.flops == uniform.measured.flops
+    carry = 256 * 32 * 4  # batch x d, float32
+    assert saved_of(p.measured) == saved_of(uniform.measured) - carry
+    assert p.measured_peak_bytes < uniform.measured_peak_bytes
+    assert p.measured_peak_bytes <= p.budget_bytes
+    assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
 
 
 def test_explain_shows_which_layers_save_what(planned):

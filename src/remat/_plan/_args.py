@@ -112,5 +112,20 @@ def read_budgets(budgets: Any) -> list[Budget]:
     return out
 
 
+def read_saved(value: Any, where: str = "remat.plan") -> Budget | None:
+    """The cap on saved bytes (``saved=``) read as a budget (bytes, a size, or a fraction of
+    what the un-checkpointed step saves), or None; else a ValueError naming ``saved=``."""
+    if value is None:
+        return None
+    try:
+        return read_budget(value, sensible=True)
+    except ValueError:
+        raise ValueError(
+            f"`{where}` got saved={value!r}; pass the most bytes the step may save for its "
+            'backward pass: bytes (an int), a size ("40MiB"), or a fraction of what the '
+            'un-checkpointed step saves ("25%" or 0.25); or None for no cap.'
+        ) from None
+
+
 def _kind(value: Any) -> str:
     return "string" if isinstance(value, str) else type(value).__name__

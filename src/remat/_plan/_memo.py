@@ -126,18 +126,36 @@ def cost(prep: Prepared, known: Known) -> float:
     return max(known.measured.flops, step_flops(prep, known.choice))
 
 
-def best_known(prep: Prepared, know: Knowledge, budget_bytes: int) -> Known | None:
-    """The compiled point with the fewest FLOPs that fits; among equals a uniform plan (one
-    save set per scan: it compiles faster and differentiates in forward mode too), then the
-    smallest peak."""
+# Plans whose FLOPs differ by less than this fraction of the un-checkpointed step's cost the
+# same (`best_known`): the smaller peak wins between them.
+EQUAL_FLOPS = 1e-6
+
+
+def best_known(
+    prep: Prepared, know: Knowledge, budget_bytes: int, saved: int | None = None
+) -> Known | None:
+    """The compiled point with the fewest FLOPs that fits (and saves at most ``saved`` bytes,
+    `saved_of`, when given); among equals (to `EQUAL_FLOPS` of the un-checkpointed step's)
+    the smallest peak, then a uniform plan (one save set per scan: it compiles faster and
+    differentiates in forward mode too)."""
     fits = [
         k
         for k in know.measured.values()
-        if peak_of(k.measured) <= budget_bytes and k.measured.peak_source != REFUSED
+        if peak_of(k.measured) <= budget_bytes
+        and k.measured.peak_source != REFUSED
+        and (saved is None or saved_of(k.measured) <= saved)
     ]
     if not fits:
         return None
-    return min(fits, key=lambda k: (cost(prep, k), _per_layer(k.choice), peak_of(k.measured)))
+    fewest = min(cost(prep, k) for k in fits) + max(prep.baseline.flops, 1.0) * EQUAL_FLOPS
+    equal = [k for k in fits if cost(prep, k) <= fewest]
+    return min(equal, key=lambda k: (peak_of(k.measured), _per_layer(k.choice), cost(prep, k)))
+
+
+def saved_of(measured: Measurement) -> int:
+    """The bytes a step saves for its backward pass: its residuals other than its arguments
+    (`remat.Measurement.residuals`, each stored value times its multiplicity)."""
+    return sum(r.total_bytes for r in measured.residuals if r.primitive != "argument")
 
 
 def margins(prep: Prepared, know: Knowledge) -> list[float]:

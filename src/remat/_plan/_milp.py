@@ -231,6 +231,8 @@ def solve(
     minimize: str = "flops",
     max_flops: float | None = None,
     min_flops: float | None = None,
+    max_saved: float | None = None,
+    option_saved: Sequence[float] | None = None,
     time_limit: float = 30.0,
     exclude: Sequence[Solution] = (),
 ) -> Solution | None:
@@ -257,6 +259,11 @@ def solve(
       min_flops: the fewest recompute FLOPs allowed (options' FLOPs included): e.g. above
         those of a candidate found over the budget on the compiled program. ``None``: no
         limit.
+      max_saved: the most bytes stored (saved values times their multiplicity, and the
+        options' bytes; unweighted, `Solution.saved_bytes`), whatever the memory budget.
+        ``None``: no limit.
+      option_saved: each option's bytes in the ``max_saved`` bound, where they differ from
+        its ``bytes`` (e.g. options charged what the compiled program keeps at the peak).
       time_limit: seconds HiGHS may take.
       exclude: solutions not to return again (their saved values and options; a "no-good"
         cut each), e.g. candidates found over the budget on the compiled program.
@@ -373,6 +380,11 @@ def solve(
     if min_flops is not None:
         coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}
         row(coeffs, min_flops / scale_flops, np.inf)
+    if max_saved is not None:
+        stored = {i: node.bytes * node.multiplicity / scale_mem for i, node in enumerate(nodes)}
+        kept = [opt.bytes for opt in options] if option_saved is None else option_saved
+        stored.update({y + k: b / scale_mem for k, b in enumerate(kept)})
+        row({k: v for k, v in stored.items() if v}, -np.inf, max_saved / scale_mem)
     upper = np.ones(nvar)
     for i, node in enumerate(nodes):
         upper[i] = 1.0 if node.saveable else 0.0

@@ -132,6 +132,7 @@ class Choice:
     stored: float = 0.0  # unweighted: saved bytes (with the options' bytes)
     sliced: float = 0.0  # unweighted: one step's copy of the saved values
     transient: float = 0.0  # unweighted: the largest step's materialised recomputed bytes
+    kept: float = 0.0  # unweighted: saved bytes with the options' own (uncharged) bytes
 
 
 def decode(
@@ -210,9 +211,16 @@ def decode(
         + transient_weight * solution.transient_bytes
     )
     flops = float(sum(s.recompute_flops for s in scans))
+    kept = sum(
+        cands[o].option.bytes
+        + sum(n.bytes * n.multiplicity for i, n in enumerate(cands[o].nodes)
+              if offsets[o] + i in solution.saved)
+        for o in solution.options
+    )  # fmt: skip
     return Choice(
         choices, tuple(scans), model_bytes, flops, stored=float(solution.saved_bytes),
         sliced=float(solution.slice_bytes), transient=float(solution.transient_bytes),
+        kept=float(kept),
     )  # fmt: skip
 
 

@@ -27,7 +27,9 @@ to 16 layers).
 
 The planner runs its rounds on the uniform options first and lets the per-layer ones compete
 only against the plan those verified (`remat._plan._rounds`), so a per-layer plan never
-recomputes more than the uniform plan at the same budget.
+recomputes more than the uniform plan at the same budget; then the candidate the model puts
+least in memory at no more FLOPs is compiled (`remat._plan._saved.smaller_as_cheap`), and of
+two plans with equal FLOPs the smaller peak is returned.
 
 What a mix's program keeps beyond this model is charged to the option the first time one of
 its scan's mixes is checked alone (`_alone.check_alone`), and from then on to the others

@@ -56,6 +56,7 @@ from ._args import (
     check_max_rounds,
     check_strategies,
     read_budgets,
+    read_saved,
 )
 from ._calibrate import check_inputs, prepare
 from ._compile import tally
@@ -85,6 +86,7 @@ def plan(
     verbose: bool = True,
     target: Any = None,
     strategies: Sequence[str] = (),
+    saved: int | float | str | None = None,
 ) -> Plan:
     """Plans the cheapest checkpointing of ``jax.value_and_grad(fn)`` within ``budget``.
 
@@ -156,6 +158,13 @@ def plan(
         accord, by amounts no cost model sees, so a save set the model ranks dearer can
         compile cheaper (docs/tpu.md). One whose model FLOPs already reach the cheapest
         plan measured is not compiled.
+      saved: also cap the bytes the step saves for its backward pass (its residuals beside
+        the arguments, `remat.Measurement.residuals`: what torch's activation memory budget
+        counts): bytes, a size (``"40MiB"``), or a fraction of what the un-checkpointed step
+        saves (``"25%"``). The plan is the cheapest found that fits both the budget and the
+        cap, whose candidates are compiled and their residuals read (`remat._plan._saved`);
+        ``None``: no cap. Among plans that cost the same FLOPs the smaller peak is returned
+        in any case.
 
     What is learned about a program (the baseline, the calibration, every plan compiled) is
     kept in memory by its fingerprint: planning it again at another budget compiles the
@@ -201,6 +210,7 @@ def plan(
     check_bool(offload, "offload")
     check_bool(verbose, "verbose")
     strategies = check_strategies(strategies)
+    saved = read_saved(saved, "remat.plan")
     device_memory = check_device_memory(device_memory)
     if host_bandwidth is not None:
         host_bandwidth = check_host_bandwidth(host_bandwidth)
@@ -230,13 +240,14 @@ def plan(
         if roll and not has_scans(fn, args):
             (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
                                       device_memory, bandwidth, progress,
-                                      per_layer=per_layer, strategies=strategies)  # fmt: skip
+                                      per_layer=per_layer, strategies=strategies,
+                                      saved=saved)  # fmt: skip
             if isinstance(result, InfeasibleBudget):
                 raise result
             return _finished(result, spec, user)
         know = knowledge(fn, args, spec, schedules, bandwidth, progress, per_layer)
         plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
-                              since, strategies)  # fmt: skip
+                              since, strategies, saved)  # fmt: skip
         return _finished(plan_, spec, user)
 
 
@@ -333,6 +344,7 @@ def plan_budgets(
     verbose: bool = True,
     target: Any = None,
     strategies: Sequence[str] = (),
+    saved: int | float | str | None = None,
 ) -> list[Plan | InfeasibleBudget]:
     """`remat.plan` at several budgets at once, sharing the tracing, the calibration and
     every compiled plan (a plan compiled for one budget competes at the others).
@@ -347,8 +359,9 @@ def plan_budgets(
         ``"50%"`` or a fraction of the un-checkpointed peak); all are checked before anything
         is compiled.
       argnums, schedules, per_layer, max_rounds, has_aux, optimizer, roll, verbose, target,
-        strategies: as for `remat.plan` (``target`` compiles for a TPU slice; each of
-        ``strategies`` is compiled once, and competes at every budget).
+        strategies, saved: as for `remat.plan` (``target`` compiles for a TPU slice; each of
+        ``strategies`` is compiled once, and competes at every budget; ``saved`` caps every
+        budget's plan).
 
     Returns:
       One entry per budget, in order: a `remat.Plan`, or the `remat.InfeasibleBudget` error
@@ -379,6 +392,7 @@ def plan_budgets(
     check_max_rounds(max_rounds, "remat.plan_budgets")
     check_bool(verbose, "verbose", "remat.plan_budgets")
     strategies = check_strategies(strategies, "remat.plan_budgets")
+    saved = read_saved(saved, "remat.plan_budgets")
     spec = _step_spec(argnums, has_aux, optimizer)
     if compile_target is not None:
         args = compile_target.place(args, argnums_of(spec), "remat.plan_budgets")
@@ -397,14 +411,14 @@ def plan_budgets(
         if roll and not has_scans(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
                                     progress, per_layer=per_layer,
-                                    strategies=strategies)  # fmt: skip
+                                    strategies=strategies, saved=saved)  # fmt: skip
             return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec, user)
                     for p in planned]  # fmt: skip
         know = knowledge(fn, args, spec, schedules, None, progress, per_layer)
         for budget in read:  # the first plan's stats include the shared preparation
             try:
                 plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know, progress,
-                                      since, strategies)  # fmt: skip
+                                      since, strategies, saved)  # fmt: skip
                 out.append(_finished(plan_, spec, user))
             except InfeasibleBudget as err:
                 out.append(err)

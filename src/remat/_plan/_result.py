@@ -35,6 +35,13 @@ _INFEASIBLE = (
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
 
+_SAVED_INFEASIBLE = (
+    "`remat.plan` found no plan within budget {budget} ({budget_bytes} bytes) that saves at "
+    "most saved={saved} ({saved_bytes} bytes for the backward pass): the least any plan it "
+    "compiled within the budget saves is {smallest} ({smallest_bytes} bytes). Raise `saved=` "
+    "to at least {smallest}, or raise the budget (a plan with a larger peak may save less)."
+)
+
 _BELOW_FLOOR = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the step's arguments and "
     "outputs alone take {floor} ({floor_bytes} bytes: parameters, optimizer state, inputs and "
@@ -64,6 +71,9 @@ class InfeasibleBudget(ValueError):
       floor_bytes: when the budget is below the step's arguments and outputs less the
         donated buffers (which no plan reduces), those bytes: the planner stops before it
         solves, and ``smallest_peak_bytes`` is that floor. None otherwise.
+      smallest_saved_bytes: with `remat.plan`'s ``saved=`` cap, when plans fit the budget
+        but none within the cap, the fewest bytes one of them saves (``smallest_peak_bytes``
+        is then that plan's peak). None otherwise.
     """
 
     __module__ = "remat"  # printed in tracebacks as remat.InfeasibleBudget, its public name
@@ -77,8 +87,14 @@ class InfeasibleBudget(ValueError):
         written: bool = False,
         strategy: str | None = None,
         floor: int | None = None,
+        saved: tuple[Any, int, int] | None = None,
     ):
-        if floor is not None:
+        if saved is not None:  # (as given, the cap in bytes, the fewest bytes a plan saved)
+            text = _SAVED_INFEASIBLE.format(
+                budget=budget, budget_bytes=budget_bytes, saved=saved[0], saved_bytes=saved[1],
+                smallest=format_bytes(saved[2]), smallest_bytes=saved[2],
+            )  # fmt: skip
+        elif floor is not None:
             text = _BELOW_FLOOR.format(
                 budget=budget, budget_bytes=budget_bytes, floor=format_bytes(floor),
                 floor_bytes=floor, fraction=floor / baseline if baseline else 0.0,
@@ -98,6 +114,7 @@ class InfeasibleBudget(ValueError):
             )
         super().__init__(text)
         self.floor_bytes = floor
+        self.smallest_saved_bytes = None if saved is None else saved[2]
         self.strategy = strategy
         self.budget_bytes = budget_bytes
         self.smallest_peak_bytes = smallest

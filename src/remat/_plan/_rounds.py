@@ -32,7 +32,7 @@ from ._alone import charged_options, check_alone, compile_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._compile import STEP, compile_measure, peak_of, tally
-from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
+from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
 from ._named import ahead as named_ahead
 from ._named import describe, try_given, try_named
@@ -40,6 +40,7 @@ from ._named import wanted as named_wanted
 from ._options import Choice, decode
 from ._perlayer import uniform_of
 from ._result import InfeasibleBudget, Plan, PlanStats
+from ._saved import smaller_as_cheap, within_saved
 from ._search import (
     CHECKS,
     above_floor,
@@ -76,11 +77,14 @@ def plan_prepared(
     progress: Any = None,
     since: tuple[Any, ...] | None = None,
     strategies: tuple[str, ...] = (),
+    saved: Budget | None = None,
 ) -> Plan:
     """Solves, checks, compiles and measures for one budget (see `plan` and the module
     docstring); ``knowledge`` is what is known about the program (`_memo`), updated here;
     ``since`` is ``(tally(), perf_counter())`` when the plan began, if before this call;
-    ``strategies`` are compiled beside the plan's candidates (`_named.try_given`)."""
+    ``strategies`` are compiled beside the plan's candidates (`_named.try_given`); ``saved``
+    caps the bytes the step saves (`_saved.within_saved`; a fraction is of the
+    un-checkpointed step's)."""
     say = progress or (lambda _: None)
     know = knowledge if knowledge is not None else Knowledge(prep)
     (counts0, seconds0), clock = since or (tally(), time.perf_counter())
@@ -96,20 +100,28 @@ def plan_prepared(
     # them (`_per_layer`), so a per-layer plan is never dearer than the uniform plan.
     uniform = uniform_of(prep)
     rounds, solve_seconds = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say)
+
+    def verify(key, choice):  # a step compiled beside the rounds' own
+        _verify(prep, know, key, choice, know.margin or 0.0)
+
     if uniform is not prep:
         rounds += _per_layer(prep, know, budget_bytes, say)
-    best = best_known(prep, know, budget_bytes)
+        rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify)
+    cap = None if saved is None else saved.to_bytes(saved_of(prep.baseline))
+    if cap is not None:
+        rounds += within_saved(prep, know, budget_bytes, cap, say, verify)
+    best = best_known(prep, know, budget_bytes, cap)
     if strategies:  # never dearer than a strategy the caller gives
         say("compiling the given strategies")
         try_given(prep, know, budget_bytes, strategies, best,
-                  lambda key, choice: _verify(prep, know, key, choice, know.margin or 0.0))  # fmt: skip
-        best = best_known(prep, know, budget_bytes)
+                  verify)  # fmt: skip
+        best = best_known(prep, know, budget_bytes, cap)
     if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
                   lambda key, choice, alone: _verify(prep, know, key, choice,
                                                      know.margin or 0.0, alone=alone))  # fmt: skip
-        best = best_known(prep, know, budget_bytes)
+        best = best_known(prep, know, budget_bytes, cap)
     counts, seconds = tally()
     stats = PlanStats(
         step_compiles=counts.get(STEP, 0) - counts0.get(STEP, 0),
@@ -118,6 +130,13 @@ def plan_prepared(
         compile_seconds=sum(seconds.values()) - sum(seconds0.values()),
         seconds=time.perf_counter() - clock,
     )  # fmt: skip
+    if best is None and cap is not None and best_known(prep, know, budget_bytes) is not None:
+        least = min((k for k in know.measured.values()
+                     if peak_of(k.measured) <= budget_bytes and k.measured.peak_source != REFUSED),
+                    key=lambda k: saved_of(k.measured))  # fmt: skip
+        raise InfeasibleBudget(budget.spec, budget_bytes, peak_of(least.measured),
+                               peak_of(prep.baseline),
+                               saved=(saved.spec, cap, saved_of(least.measured)))  # fmt: skip
     if best is None:
         compiled = [k for k in know.measured.values() if k.measured.peak_source != REFUSED]
         least = min(compiled, key=lambda k: peak_of(k.measured), default=None)

@@ -75,13 +75,15 @@ def plan_unrolled(
     progress: Any = None,
     per_layer: bool = False,
     strategies: tuple[str, ...] = (),
+    saved: Budget | None = None,
 ) -> list[Plan | InfeasibleBudget]:
     """Plans a program without scans at each budget (see the module docstring).
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits. The
     rolled program's plans share what is learned about it (`_memo.Knowledge`): a plan
     compiled for one budget competes at the others. ``progress`` is told each stage;
-    ``strategies`` are compiled beside the rolled program's candidates (`remat.plan`'s).
+    ``strategies`` are compiled beside the rolled program's candidates, and ``saved`` caps
+    the bytes saved (`remat.plan`'s; the program as written is then never the plan).
 
     Raises:
       ValueError: when the program has no repeated layers to roll (with the reason).
@@ -104,7 +106,7 @@ def plan_unrolled(
     out: list[Plan | InfeasibleBudget] = []
     for spec in budgets:
         budget = spec if isinstance(spec, Budget) else read_budget(spec)
-        if written is not None:
+        if written is not None and saved is None:
             budget_bytes = budget.to_bytes(peak_of(written), device_memory)
             if peak_of(written) <= budget_bytes:
                 out.append(_as_written(fn, args, argnums, written, budget_bytes))
@@ -116,7 +118,7 @@ def plan_unrolled(
                                      per_layer=per_layer))  # fmt: skip
         try:
             plan = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
-                                 strategies=strategies)  # fmt: skip
+                                 strategies=strategies, saved=saved)  # fmt: skip
         except InfeasibleBudget as err:
             out.append(err)
             continue
