@@ -17,6 +17,7 @@ from conftest import assert_tree_allclose
 from remat._measure._peak import peak_bytes
 from remat._trace._roll_detect import find_runs
 from remat._trace._roll_explain import explain_no_roll
+from remat._trace._roll_lift import lift_layer_constants
 from remat._trace._roll_rewrite import list_runs, roll, roll_jaxpr
 
 W = 8  # width of the tiny models
@@ -260,6 +261,24 @@ def test_linen_remat_blocks_drawing_dropout_roll(override):
             (run,) = check(loss, params, X, jax.random.key(3), lengths=[4])
     assert run.hoisted == 1 and run.period == 2
     assert jax.ShapeDtypeStruct((), jnp.uint32) in run.stacked
+
+
+def test_checkpoints_folding_one_constant_are_left_as_they_are():
+    """Only constants that differ between checkpoints are lifted: a program whose
+    checkpoints fold the same literal rolls as it always did, the jaxpr untouched."""
+
+    def loss(ws, x, key):
+        for w in ws:
+            x = jax.checkpoint(lambda x, w: x * jax.random.uniform(jax.random.fold_in(key, 7)) @ w)(
+                x, w
+            )
+        return jnp.sum(x)
+
+    ws = [jnp.eye(W)] * 3
+    closed = jax.make_jaxpr(loss)(ws, X, jax.random.key(0))
+    assert lift_layer_constants(closed) is closed
+    (run,) = find_runs(closed)
+    assert run.length == 3 and run.hoisted == 0
 
 
 ### Flax nnx

@@ -34,6 +34,11 @@ def _lifts(eqn) -> bool:
     return sub is not None and any(_folds_literal(e) for e in sub.eqns)
 
 
+def _value(v) -> object:
+    val = v.val
+    return val.item() if hasattr(val, "item") else val
+
+
 def lift_layer_constants(closed_jaxpr: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
     """The program with the literals its top-level checkpoints fold into keys made inputs.
 
@@ -41,9 +46,10 @@ def lift_layer_constants(closed_jaxpr: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
       closed_jaxpr: the program, e.g. from `jax.make_jaxpr`.
 
     Returns:
-      ``closed_jaxpr`` itself when no checkpoint folds a literal into a key; else an equal
-      program in which each such literal is an input of its checkpoint, made by a
-      ``convert_element_type`` equation just before it.
+      ``closed_jaxpr`` itself when no two checkpoints fold different literals into keys (a
+      program that rolled before is left exactly as it was); else an equal program in which
+      each such literal is an input of its checkpoint, made by a ``convert_element_type``
+      equation just before it.
 
     Example:
       >>> import jax
@@ -57,7 +63,13 @@ def lift_layer_constants(closed_jaxpr: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
       ['convert_element_type', 'remat2', 'convert_element_type', 'remat2']
     """
     jaxpr = closed_jaxpr.jaxpr
-    if not any(_lifts(e) for e in jaxpr.eqns):
+    folded = {
+        (str(v.aval), _value(v))
+        for e in jaxpr.eqns if _lifts(e)
+        for s in e.params["jaxpr"].eqns if _folds_literal(s)
+        for v in s.invars if _is_lit(v)
+    }  # fmt: skip
+    if len(folded) < 2:  # the same constant everywhere: the checkpoints compare equal as they are
         return closed_jaxpr
     eqns = []
     for e in jaxpr.eqns:
