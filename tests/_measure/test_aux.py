@@ -101,3 +101,28 @@ def test_cli_has_aux(tmp_path, capsys):
     )
     assert main(["measure", f"{path}:make", "--has-aux", "--repeats", "0"]) == 0
     assert "peak memory" in capsys.readouterr().out
+
+
+def test_a_large_aux_is_one_line_and_the_cli_names_its_flag(tmp_path, capsys):
+    """A pair whose aux is a model's batch statistics: the message counts the aux's arrays
+    rather than quoting every shape, and names `--has-aux` for the command line."""
+    from remat._cli._cli import main
+
+    def loss(ws, x):
+        stats = {f"layer_{i}": {"mean": x[0] * i, "var": x[1] * i} for i in range(40)}
+        return jnp.sum(ws) * jnp.sum(x), stats
+
+    ws, x = weights()
+    with pytest.raises(ValueError, match=r"fn returned \(float32\[\], an aux of 80 arrays\)"):
+        remat.measure(loss, ws, x)
+    path = tmp_path / "model.py"
+    path.write_text(
+        "import jax.numpy as jnp\n"
+        "def loss(w, x):\n"
+        "    return jnp.sum(w * x), {f'b{i}': x * i for i in range(40)}\n"
+        "def make():\n"
+        "    return loss, (jnp.ones(4), jnp.ones(4))\n"
+    )
+    assert main(["plan", f"{path}:make", "--budget", "50%"]) == 2
+    err = capsys.readouterr().err
+    assert "an aux of 40 arrays" in err and "--has-aux" in err and len(err) < 500, err

@@ -302,3 +302,18 @@ def test_abstract_arguments_are_measured_without_running(args, full):
     )
     with pytest.raises(TypeError, match=r"`remat\.measure`.*repeats=0"):
         remat.measure(relu_layers_full, *abstract, repeats=1)
+
+
+def test_arrays_closed_over_are_named_with_the_bytes_the_peak_leaves_out():
+    """Closed-over arrays are constants of the compiled program, outside its memory analysis:
+    the peak of the closure is below the peak with the weights as an argument by more than
+    their bytes (8 bytes of alignment)."""
+    ws = jnp.full((4, 256, 256), 0.01)  # 1 MiB
+    x = jnp.ones((8, 256))
+    with pytest.warns(remat.RematWarning, match=r"closes over 1 array\(s\) of 1.00 MiB"):
+        closed = remat.measure(lambda x: relu_layers(ws, x), x, repeats=0)
+    as_arg = remat.measure(relu_layers, ws, x, argnums=1, repeats=0)  # no warning
+    assert closed.argument_bytes == as_arg.argument_bytes - ws.nbytes
+    assert closed.peak_bytes + ws.nbytes == as_arg.peak_bytes - 8
+    small = jnp.full((4, 64, 64), 0.01)  # 64 KiB: a mask or a table, not worth a word
+    remat.measure(lambda x: relu_layers(small, x), x[:, :64], repeats=0)

@@ -17,6 +17,7 @@ from conftest import assert_tree_allclose
 from remat._measure._peak import peak_bytes
 from remat._trace._roll_detect import find_runs
 from remat._trace._roll_explain import explain_no_roll
+from remat._trace._roll_lift import lift_layer_constants
 from remat._trace._roll_rewrite import list_runs, roll, roll_jaxpr
 
 W = 8  # width of the tiny models
@@ -223,6 +224,61 @@ def test_linen_dropout_rngs():
 
     (run,) = check(loss, params, X, jax.random.key(3), lengths=[4])
     assert run.hoisted  # linen folds a per-layer constant into the key
+
+
+class LinenDropBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dropout(0.5, deterministic=False)(jax.nn.gelu(nn.Dense(W)(x)))
+        return x + h
+
+
+class LinenRematDropout(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(4):
+            x = nn.remat(LinenDropBlock)()(x)
+        return jnp.sum(x**2)
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_linen_remat_blocks_drawing_dropout_roll(override):
+    """Dropout inside `nn.remat`: linen folds a per-layer constant into the key inside each
+    checkpoint; it is lifted out and hoisted, so the layers roll and each layer still draws
+    its own mask (values equal the loop's, which they would not with layer 0's mask)."""
+    model = LinenRematDropout()
+    params = model.init(jax.random.key(0), X)
+
+    def loss(params, x, key):
+        return model.apply(params, x, rngs={"dropout": key})
+
+    closed = jax.make_jaxpr(loss)(params, X, jax.random.key(3))
+    assert not find_runs(closed)  # as traced, every checkpoint folds its own literal
+    if override:
+        (run,) = check(loss, params, X, jax.random.key(3), lengths=[4], override=True)
+    else:  # the user's checkpoints are kept, now around each step of the rolled scan
+        with pytest.warns(remat.RematWarning, match="kept the program's own checkpoints"):
+            (run,) = check(loss, params, X, jax.random.key(3), lengths=[4])
+    assert run.hoisted == 1 and run.period == 2
+    assert jax.ShapeDtypeStruct((), jnp.uint32) in run.stacked
+
+
+def test_checkpoints_folding_one_constant_are_left_as_they_are():
+    """Only constants that differ between checkpoints are lifted: a program whose
+    checkpoints fold the same literal rolls as it always did, the jaxpr untouched."""
+
+    def loss(ws, x, key):
+        for w in ws:
+            x = jax.checkpoint(lambda x, w: x * jax.random.uniform(jax.random.fold_in(key, 7)) @ w)(
+                x, w
+            )
+        return jnp.sum(x)
+
+    ws = [jnp.eye(W)] * 3
+    closed = jax.make_jaxpr(loss)(ws, X, jax.random.key(0))
+    assert lift_layer_constants(closed) is closed
+    (run,) = find_runs(closed)
+    assert run.length == 3 and run.hoisted == 0
 
 
 ### Flax nnx

@@ -2,18 +2,26 @@
 pytrees of arrays (or `jax.ShapeDtypeStruct` s when nothing is run), ``argnums`` name
 floating-point arguments once each, and the loss is a floating-point scalar (bfloat16 and
 float16 included, as `jax.grad` takes them). Messages name ``where`` (the public function).
+
+A loss that closes over arrays (``lambda x: loss(params, x)``) gets them compiled into the
+program as constants: XLA's memory analysis, and so every peak remat reads, leaves them out
+(unless the program copies them: a scan of length one does), and they are not
+differentiated. Where they are large (`_CLOSED_OVER_MIN_BYTES`, and a
+twentieth of the arguments), a `RematWarning` says how many bytes the peak leaves out.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from .._core._dtypes import dtype_of, is_float
+from .._core._dtypes import dtype_of, is_float, is_key
 from .._core._errors import renamed
+from .._core._warnings import RematWarning
 from ._step import argnums_of
 
 _NOT_ARRAY = (
@@ -32,7 +40,8 @@ _NOT_SCALAR = (
     "output to a scalar, e.g. `lambda *a: fn(*a).sum()`."
 )
 _AUX_HINT = (
-    " It looks like (loss, aux): pass has_aux=True, as for `jax.value_and_grad(..., has_aux=True)`."
+    " It looks like (loss, aux): pass has_aux=True (on the command line: --has-aux), as for "
+    "`jax.value_and_grad(..., has_aux=True)`."
 )
 _NOT_PAIR = (
     "`remat.measure` got has_aux=True, so fn must return a pair (loss, aux), as for "
@@ -50,6 +59,16 @@ _REPEATED_ARGNUMS = (
     "`remat.measure` got argnums={argnums!r}, which names argument {dup} more than once; each "
     "argument is differentiated once. Pass each position once, e.g. argnums={fix!r}."
 )
+_CLOSED_OVER = (
+    "`{where}`: fn closes over {n} array(s) of {mib:.2f} MiB in all (the largest {largest}), "
+    "which are compiled into the program as constants, outside the arguments and temporaries "
+    "that XLA's memory analysis counts: the measured peak may leave them out, and they are "
+    "not differentiated. Pass them as arguments (the parameters in `argnums`) "
+    "to count them, e.g. `{where}(loss, params, x)` rather than "
+    "`{where}(lambda x: loss(params, x), x)`."
+)
+_LONGEST = 200  # characters of an output's shapes quoted whole in a message
+_CLOSED_OVER_MIN_BYTES = 1 << 20  # constants below this (masks, tables) are not worth a word
 _SCALARS = (int, float, complex, bool, np.generic, np.ndarray, jax.Array)
 
 
@@ -105,22 +124,55 @@ def _check_scalar(
     fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False, where: str = "remat.measure"
 ) -> None:
     try:
-        _check_scalar_of(fn, args, has_aux)
+        consts = _check_scalar_of(fn, args, has_aux)
     except ValueError as err:
         raise renamed(err, "`remat.measure`", f"`{where}`")  # noqa: B904 (`renamed` chains)
+    _warn_closed_over(consts, args, where)
 
 
-def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> None:
-    out = jax.eval_shape(fn, *args)
+def _nbytes(x: Any) -> int:
+    dtype = dtype_of(x)
+    if is_key(dtype):
+        return 0
+    return int(np.prod(getattr(x, "shape", ()), dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _warn_closed_over(consts: Sequence[Any], args: Sequence[Any], where: str) -> None:
+    arrays = [c for c in consts if hasattr(c, "shape") and hasattr(c, "dtype")]
+    total = sum(_nbytes(c) for c in arrays)
+    argument_bytes = sum(_nbytes(leaf) for leaf in jax.tree_util.tree_leaves(args))
+    if total < _CLOSED_OVER_MIN_BYTES or 20 * total < argument_bytes:
+        return
+    big = max(arrays, key=_nbytes)
+    largest = f"{big.dtype}{list(big.shape)}"
+    message = _CLOSED_OVER.format(where=where, n=len(arrays), mib=total / 2**20, largest=largest)
+    warnings.warn(message, RematWarning, stacklevel=4)
+
+
+def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> list[Any]:
+    """Checks the output; returns the constants ``fn`` closes over (its jaxpr's)."""
+    closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
     if has_aux:
         if not isinstance(out, tuple | list) or len(out) != 2:
             got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
             raise ValueError(_NOT_PAIR.format(got=got))
         out = out[0]
     if not _is_float_scalar(out):
-        got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
+        got = _shapes(out)
         hint = _AUX_HINT if not has_aux and _looks_like_aux(out) else ""
         raise ValueError(_NOT_SCALAR.format(got=got) + hint)
+    return list(closed.consts)
+
+
+def _shapes(out: Any) -> Any:
+    """The output's shapes and dtypes; a large aux (a model's batch statistics) in one line."""
+    got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
+    if len(str(got)) <= _LONGEST:
+        return got
+    if _looks_like_aux(out):
+        return f"({got[0]}, an aux of {len(jax.tree_util.tree_leaves(out[1]))} arrays)"
+    leaves = jax.tree_util.tree_leaves(got)
+    return f"a pytree of {len(leaves)} arrays, the first {leaves[0]}"
 
 
 def _is_float_scalar(out: Any) -> bool:

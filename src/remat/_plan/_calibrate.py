@@ -130,7 +130,7 @@ def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> N
         argnums = tuple(argnums)
     try:
         _check_args(args, argnums, 0)
-        _check_scalar(fn, args, getattr(argnums, "has_aux", False))
+        _check_scalar(fn, args, getattr(argnums, "has_aux", False), where="remat.plan")
     except (TypeError, ValueError) as err:
         raise renamed(err, "`remat.measure`", "`remat.plan`")  # noqa: B904 (`renamed` chains)
 

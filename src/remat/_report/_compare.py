@@ -141,7 +141,7 @@ def compare(
         argnums_t = _check_args(args, argnums, repeats)
         if compile_target is not None:  # placed once: every row compiles the same shapes
             args = compile_target.place(args, argnums_t, "remat.compare")
-        _check_scalar(fn, args, has_aux)
+        _check_scalar(fn, args, has_aux, where="remat.compare")
     except (TypeError, ValueError) as err:
         raise renamed(err, "`remat.measure`", "`remat.compare`")  # noqa: B904 (`renamed` chains)
     device = compile_device(args)  # a target's chip: "offload:..." is checked against it

@@ -16,7 +16,9 @@ the weights in elementwise additions, no matmul). On a 12-layer transformer the
 checkpointed rolled step's peak drops from 0.38 to 0.27 of the program as written (stacked
 by hand: 0.26); docs/rolling.md has the figures. Equations that
 make per-layer inputs from outside values only (linen's per-layer dropout-key folding) are
-evaluated for every layer before the scan and their results stacked. Everything else is
+evaluated for every layer before the scan and their results stacked; inside a layer under
+``nn.remat`` that folding is a literal of the checkpoint's sub-program, which
+`_roll_lift.lift_layer_constants` first makes an input made outside it. Everything else is
 bound as it was, so values and gradients equal the program as written (up to the
 reassociation XLA may do differently in a loop).
 
@@ -43,6 +45,7 @@ from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from ._roll_detect import Run, find_runs
+from ._roll_lift import lift_layer_constants
 from ._scan_info import ScanInfo, walk
 from ._traced import _rewritten, _split_args, _trace
 
@@ -175,6 +178,7 @@ def roll_jaxpr(
       ['iota', 'scan', 'reduce_sum']
     """
     if runs is None:
+        closed_jaxpr = lift_layer_constants(closed_jaxpr)
         runs = find_runs(closed_jaxpr)
     specs = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
@@ -225,7 +229,7 @@ def roll(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise TypeError(_NOT_CALLABLE.format(got=fn))
 
     def evaluator(traced):
-        closed = traced.jaxpr
+        closed = lift_layer_constants(traced.jaxpr)
         runs = tuple(find_runs(closed))
 
         def evaluate(*dynamic):
@@ -264,7 +268,7 @@ def list_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Run]:
       [(3, '3')]
     """
     leaves, treedef, _, _ = _split_args(args, kwargs)
-    return find_runs(_trace(fn, leaves, treedef).jaxpr)
+    return find_runs(lift_layer_constants(_trace(fn, leaves, treedef).jaxpr))
 
 
 def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -294,8 +298,11 @@ def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise TypeError(_NOT_CALLABLE.format(got=fn))
 
     def evaluator(traced):
-        closed = traced.jaxpr
-        runs = () if traced.scans else tuple(find_runs(closed))
+        if traced.scans:
+            closed, runs = traced.jaxpr, ()
+        else:
+            closed = lift_layer_constants(traced.jaxpr)
+            runs = tuple(find_runs(closed))
 
         def evaluate(*dynamic):
             return _evaluate(closed.jaxpr, closed.consts, dynamic, runs)
@@ -316,11 +323,12 @@ def rolled_scans(fn: Callable[..., Any], args, kwargs, check: bool = True) -> li
     traced = _trace(fn, leaves, treedef, check=check)
     if traced.scans:
         return list(traced.scans)
-    runs = find_runs(traced.jaxpr)
+    closed = lift_layer_constants(traced.jaxpr)
+    runs = find_runs(closed)
     if not runs:
         return []
     scans: list[ScanInfo] = []
-    walk(roll_jaxpr(traced.jaxpr, runs).jaxpr, 0, (), (), scans, {})
+    walk(roll_jaxpr(closed, runs).jaxpr, 0, (), (), scans, {})
     waiting = list(runs)
     out = []
     for info in scans:
