@@ -126,3 +126,20 @@ def test_a_large_aux_is_one_line_and_the_cli_names_its_flag(tmp_path, capsys):
     assert main(["plan", f"{path}:make", "--budget", "50%"]) == 2
     err = capsys.readouterr().err
     assert "an aux of 40 arrays" in err and "--has-aux" in err and len(err) < 500, err
+
+
+def test_a_flag_made_a_shape_by_eval_shape_is_named_in_the_tracing_error():
+    """`jax.eval_shape` turns a model's Python bool flag into a `bool[]` shape; the loss then
+    fails as JAX traces it, and the error says which leaves and how to keep the flag."""
+
+    def loss(model, x):
+        return jnp.sum(x if model["inference"] else 2 * x)
+
+    model = jax.eval_shape(lambda: {"inference": False})
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        remat.measure(loss, model, jnp.ones(3), argnums=1, repeats=0)
+    assert "1 `bool[]` shape(s)" in "".join(getattr(info.value, "__notes__", []))
+    assert "eqx.filter_eval_shape" in "".join(info.value.__notes__)
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:  # a bool array: no note
+        remat.measure(loss, {"inference": jnp.array(False)}, jnp.ones(3), argnums=1, repeats=0)
+    assert "eqx.filter_eval_shape" not in "".join(getattr(info.value, "__notes__", []))

@@ -149,9 +149,32 @@ def _warn_closed_over(consts: Sequence[Any], args: Sequence[Any], where: str) ->
     warnings.warn(message, RematWarning, stacklevel=4)
 
 
+_FLAG_AS_SHAPE = (
+    "remat: the arguments hold {n} `bool[]` shape(s) (`jax.ShapeDtypeStruct`), where the "
+    "model may expect a Python bool (a flag such as Equinox's `Dropout(inference=...)`): "
+    "`jax.eval_shape` makes every leaf a shape. Make abstract arguments with "
+    "`eqx.filter_eval_shape` (Equinox keeps its flags), or pass flags outside the arguments."
+)
+
+
+def _note_flags_as_shapes(err: Exception, args: Sequence[Any]) -> None:
+    """Adds `_FLAG_AS_SHAPE` to a failed trace's error where scalar bool shapes may be flags."""
+    flags = [
+        leaf
+        for leaf in jax.tree_util.tree_leaves(args)
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.shape == () and leaf.dtype == bool
+    ]
+    if flags:
+        err.add_note(_FLAG_AS_SHAPE.format(n=len(flags)))
+
+
 def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> list[Any]:
     """Checks the output; returns the constants ``fn`` closes over (its jaxpr's)."""
-    closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
+    try:
+        closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
+    except jax.errors.ConcretizationTypeError as err:
+        _note_flags_as_shapes(err, args)
+        raise
     if has_aux:
         if not isinstance(out, tuple | list) or len(out) != 2:
             got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
