@@ -105,6 +105,14 @@ def test_counts_of_selected_scans():
 
     assert scans_as_written(no_scan, "full", (ARGS[0][0], ARGS[1]), roll=False) == (0, 1)
 
+    def loop(ws, x):  # layers in a Python loop, each checkpointed: rolled into one scan
+        for w in ws:
+            x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w))(x, w)
+        return jnp.sum(x)
+
+    assert scans_as_written(loop, "full", (list(ARGS[0]), ARGS[1])) == (0, 1)
+    assert scans_as_written(loop, "full", (list(ARGS[0]), ARGS[1]), override=True) == (1, 0)
+
 
 def _row(peak, flops, applied=0, as_written=0):
     return remat.Measurement(

@@ -28,6 +28,7 @@ from ._rewrite import _NOT_CALLABLE, Body, _Interpreter, lax_loop
 from ._roll_explain import explain_no_roll
 from ._roll_rewrite import roll_unscanned
 from ._scan_info import ScanInfo, count, count_eqn, sub_jaxprs
+from ._state import has_nodes, lift, merged
 from ._traced import _rewritten, _trace, _Traced
 
 _NO_SCAN = (
@@ -246,9 +247,13 @@ def scans_as_written(
     policy = resolve_policy(strategy.policy, "remat.apply")
     if strategy.schedule == "none" or (policy is None and strategy.schedule == "per_step"):
         return 0, 0
-    traced_fn = roll_unscanned(fn) if roll else fn
-    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), {}))
-    traced = _trace(traced_fn, leaves, treedef)
+    traced_fn, args = roll_unscanned(fn) if roll else fn, tuple(args)
+    nodes = has_nodes(args)
+    if nodes:  # nnx modules: traced on their state, as `_rewritten` does
+        args, _, _ = lift(args, {})
+        traced_fn = merged(traced_fn)
+    leaves, treedef = jax.tree_util.tree_flatten((args, {}))
+    traced = _trace(traced_fn, leaves, treedef, check=not nodes)
     name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
     select = _selector(strategy, traced.scans, name)
     if not traced.scans:
