@@ -348,7 +348,7 @@ def make():
 """
 
 
-def test_compare_marks_rows_kept_as_written_and_override_applies(tmp_path, capsys):
+def test_compare_and_measure_say_what_kept_as_written_and_override_applies(tmp_path, capsys):
     import remat
 
     path = tmp_path / "ckpt.py"
@@ -358,5 +358,11 @@ def test_compare_marks_rows_kept_as_written_and_override_applies(tmp_path, capsy
         assert main(command) == 0
     printed = capsys.readouterr().out
     assert "full (as written: 1 of 1 scans)" in printed and "--override" in printed
+    assert main([*command, "--override"]) == 0
+    assert "as written" not in capsys.readouterr().out
+    command = ["measure", f"{path}:make", "--strategy", "full", "--repeats", "0"]
+    with pytest.warns(remat.RematWarning, match="kept the program's own checkpoints"):
+        assert main(command) == 0
+    assert "1 of the 1 scans" in capsys.readouterr().out
     assert main([*command, "--override"]) == 0
     assert "as written" not in capsys.readouterr().out
