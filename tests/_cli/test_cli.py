@@ -334,3 +334,35 @@ def test_every_command_takes_a_target_of_shapes(target_file, tmp_path, capsys):
     capsys.readouterr()
     assert main(["measure", shapes, "--repeats", "2"]) == EXIT_USAGE
     assert "Pass repeats=0" in capsys.readouterr().err
+
+
+CHECKPOINTED = """
+import jax, jax.numpy as jnp
+
+def make():
+    body = jax.checkpoint(lambda h, w: (jnp.tanh(jnp.tanh(h @ w) @ w), None),
+                          policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    def loss(w, x):
+        return jnp.sum(jax.lax.scan(body, x, w)[0] ** 2)
+    return loss, (jnp.full((3, 8, 8), 0.1), jnp.ones((2, 8)))
+"""
+
+
+def test_compare_and_measure_say_what_kept_as_written_and_override_applies(tmp_path, capsys):
+    import remat
+
+    path = tmp_path / "ckpt.py"
+    path.write_text(textwrap.dedent(CHECKPOINTED))
+    command = ["compare", f"{path}:make", "--strategies", "full", "--repeats", "0"]
+    with pytest.warns(remat.RematWarning, match="kept the program's own checkpoints"):
+        assert main(command) == 0
+    printed = capsys.readouterr().out
+    assert "full (as written: 1 of 1 scans)" in printed and "--override" in printed
+    assert main([*command, "--override"]) == 0
+    assert "as written" not in capsys.readouterr().out
+    command = ["measure", f"{path}:make", "--strategy", "full", "--repeats", "0"]
+    with pytest.warns(remat.RematWarning, match="kept the program's own checkpoints"):
+        assert main(command) == 0
+    assert "1 of the 1 scans" in capsys.readouterr().out
+    assert main([*command, "--override"]) == 0
+    assert "as written" not in capsys.readouterr().out

@@ -129,6 +129,11 @@ def register(subparsers) -> None:
         action="store_true",
         help="apply the strategies to the program as written; by default repeated layers of a program without scans are rolled into scans first",
     )
+    parser.add_argument(
+        "--override",
+        action="store_true",
+        help="replace the program's own checkpoints (jax.checkpoint, nn.remat) by each strategy; by default a scan that checkpoints already is left as written, and its row says so",
+    )
     add_compile_target(parser)
     parser.set_defaults(func=run)
 
@@ -161,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         title=args.target,
         has_aux=args.has_aux,
         roll=not args.no_roll,
+        override=args.override,
     )
     # As wide as the terminal (or $COLUMNS); at 60 columns the numbers still print whole.
     print(report.render(shutil.get_terminal_size((120, 24)).columns))

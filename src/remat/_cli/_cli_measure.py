@@ -37,6 +37,11 @@ def register(subparsers) -> None:
         action="store_true",
         help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
     )
+    parser.add_argument(
+        "--override",
+        action="store_true",
+        help="with --strategy: replace the program's own checkpoints (jax.checkpoint, nn.remat) by it; by default a scan that checkpoints already is left as written",
+    )
     add_compile_target(parser)
     parser.set_defaults(func=run)
 
@@ -67,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         target=target,
         has_aux=args.has_aux,
         roll=not args.no_roll,
+        override=args.override,
     )
     _print(m, args.target)
     if args.json is not None:
@@ -110,6 +116,13 @@ def _print(m, target: str) -> None:
             f"({m.peak_bytes / MIB:.2f} MiB) is not 2% below the "
             f"{m.plain_peak_bytes / MIB:.2f} MiB of the program without them: no memory saved; "
             "move the layers into a scan for checkpointing to take effect."
+        )
+    if m.scans_as_written:
+        of = m.scans_as_written + m.scans_applied
+        console.print(
+            f"[bold]note:[/bold] {m.scans_as_written} of the {of} scans the strategy selects "
+            "kept the program's own checkpoints, so the numbers are the program as written "
+            "there; --override applies the strategy there."
         )
     if m.residuals:
         console.print(residual_table(m))

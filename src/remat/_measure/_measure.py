@@ -181,6 +181,7 @@ def build_measurement(
     seconds: Timing | None = None,
     plain_flops: float | None = None,
     plain_peak_bytes: int | None = None,
+    scans: tuple[int, int] = (0, 0),
 ) -> Measurement:
     """The one place a `remat.Measurement` is made from a compiled step: its memory
     (`measure_compiled`), backend and devices read from ``compiled``, the rest given."""
@@ -199,6 +200,8 @@ def build_measurement(
         num_devices=num_devices(compiled),
         plain_flops=plain_flops,
         plain_peak_bytes=plain_peak_bytes,
+        scans_applied=scans[0],
+        scans_as_written=scans[1],
     )
 
 
@@ -313,15 +316,18 @@ def _measure_step(
     repeats: int,
 ) -> Measurement:
     """`measure` on arguments already placed (and checked): compile, read, warn."""
+    scans = (0, 0)
     if strategy is None:
         target, plain, label = fn, None, "none"
     else:
-        from .._trace._apply import apply
+        from .._trace._apply import apply, scans_as_written
 
         strategy_obj = as_strategy(strategy, "remat.measure")
         target = apply(fn, strategy_obj, roll=roll, override=override)
         plain, label = fn, strategy_obj.name
     _check_scalar(target, args, spec.has_aux)
+    if strategy is not None:  # how many of its scans the strategy left as written
+        scans = scans_as_written(fn, strategy_obj, args, roll=roll, override=override)
 
     step = grad_step(target, spec)
     start = time.perf_counter()
@@ -406,6 +412,7 @@ def _measure_step(
         strategy=label,
         plain_flops=plain_flops,
         plain_peak_bytes=plain_peak,
+        scans=scans,
     )
 
 

@@ -97,6 +97,11 @@ class Measurement:
         compiled it (the program asks for recomputation); None otherwise.
       host_bytes: what the step keeps in host memory (values offloaded to it: XLA's
         ``host_temp_size_in_bytes``), not part of ``peak_bytes``; 0 on CPU.
+      scans_applied: how many scans the strategy checkpoints (the whole function counts
+        as one in a program without scans); 0 for ``"none"``.
+      scans_as_written: how many of the scans the strategy selects it leaves as the program
+        wrote them: scans that checkpoint already, whose checkpoints `remat.apply` keeps
+        unless ``override=True`` (see ``as_written``).
 
     Example:
       >>> import jax, jax.numpy as jnp, remat
@@ -130,6 +135,23 @@ class Measurement:
     plain_flops: float | None = None
     plain_peak_bytes: int | None = None
     host_bytes: int = 0
+    scans_applied: int = 0
+    scans_as_written: int = 0
+
+    @property
+    def as_written(self) -> bool:
+        """The strategy was applied nowhere: every scan it selects kept the program's own
+        checkpoints, so this measures the program as written, whatever its label says
+        (``override=True`` applies the strategy there).
+
+        Example:
+          >>> import remat
+          >>> m = remat.Measurement(8, "x", 8, 0, 0, 0, (), 0, 1.0, 1.0, True, False, 0.0,
+          ...                       None, strategy="full", scans_as_written=1)
+          >>> m.as_written
+          True
+        """
+        return self.scans_as_written > 0 and self.scans_applied == 0
 
     @property
     def saves_nothing(self) -> bool:

@@ -69,7 +69,13 @@ def plot_report(
         for label, m in report.rows
     ]
     points += [(str(lab), peak / MIB, val * yscale, "extra") for lab, peak, val in extra]
-    front = set(pareto_front([(px, py) for _, px, py, _ in points]))
+    # A row that is the program as written under another label stands for no strategy.
+    stands = [
+        i
+        for i, p in enumerate(points)
+        if p[3] != "strategy" or not report[p[0]].as_written
+    ]  # fmt: skip
+    front = {stands[i] for i in pareto_front([points[i][1:3] for i in stands])}
 
     fig = Figure(figsize=(7.0, 4.8), dpi=200, layout="constrained")
     FigureCanvasAgg(fig)
@@ -139,7 +145,8 @@ def plot_report(
     path_xy = [(sx[0], ymax)]
     for (x0, y0), x1 in zip(zip(sx, sy, strict=True), sx[1:], strict=False):
         path_xy += [(x0, y0), (x1, y0)]
-    _place_labels(fig, ax, points, report.baseline, path_xy)
+    written = {label for label, m in report.rows if m.as_written and label != report.baseline}
+    _place_labels(fig, ax, points, report.baseline, path_xy, written)
 
     path = Path(path)
     with atomic_path(path) as tmp:
@@ -159,8 +166,9 @@ def _set_limits(ax, xs: list[float], ys: list[float]) -> None:
     ax.set_ylim(*span(ys, 0.15, 0.45))
 
 
-def _place_labels(fig, ax, points, baseline: str, line_xy) -> None:
-    """Labels every point (coincident points share one label) where nothing overlaps."""
+def _place_labels(fig, ax, points, baseline: str, line_xy, written=frozenset()) -> None:
+    """Labels every point (coincident points share one label) where nothing overlaps; the
+    labels in ``written`` (rows that are the program as written) say so."""
     fig.canvas.draw()  # fix the layout so display coordinates are final
     renderer = fig.canvas.get_renderer()
     to_display = ax.transData.transform
@@ -174,6 +182,8 @@ def _place_labels(fig, ax, points, baseline: str, line_xy) -> None:
     for label, px, py, _ in points:
         dx, dy = to_display((px, py))
         name = f"{label} (baseline)" if label == baseline else label
+        if label in written:
+            name += " (as written)"
         for (gx, gy), names in groups:
             if math.hypot(gx - dx, gy - dy) < 3 * scale:
                 names.append(name)

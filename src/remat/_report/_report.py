@@ -14,6 +14,7 @@ import io
 import json
 import numbers
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from .._core._budget import MIB
 from .._core._io import atomic_write_text
 from .._core._plain import from_plain
+from .._core._warnings import RematWarning
 from .._measure._measurement import SAVES_NOTHING_FRACTION, Measurement
 from ._machine import Machine as Machine
 from ._machine import current_machine as current_machine
@@ -56,6 +58,17 @@ _NOT_A_REPORT = "`remat.Report.from_json` read {path}, which is not a remat repo
 _BAD_FRACTION = (
     "`remat.Report.cheapest` got max_peak_fraction={got!r}; expected a number > 0, the budget "
     "as a fraction of the baseline's peak, e.g. 0.5 for half the memory."
+)
+_AS_WRITTEN_NOTE = (
+    "as written: N of M scans: N of the M scans the strategy selects kept the program's own "
+    "checkpoints (`remat.apply`'s default), so the row is the program as written there; kept "
+    "in all M, it is left off the Pareto front and `cheapest`. override=True (`remat compare "
+    "--override`) applies the strategy there."
+)
+_PICKED_PARTLY = (
+    "`remat.Report.cheapest` picked {label!r}, which kept the program's own checkpoints in "
+    "{kept} of its {of} scans: it is partly the program as written. Compare with "
+    "override=True (`remat compare --override`) to measure the strategy there."
 )
 
 
@@ -162,14 +175,37 @@ class Report:
 
     # --- analysis ---
 
+    def as_written(self) -> tuple[str, ...]:
+        """Labels of the rows that kept the program's own checkpoints in at least one scan
+        the strategy selects (`remat.Measurement.scans_as_written`), in row order.
+
+        Such a row is partly (or, when `remat.Measurement.as_written`, wholly) the program as
+        its user wrote it: `remat.compare` with ``override=True`` applies the strategy there.
+        The table marks them; a row that is the program as written everywhere is left off
+        `Report.pareto` and `Report.cheapest` (unless it is the baseline).
+        """
+        return tuple(label for label, m in self.rows if m.scans_as_written)
+
+    def _candidates(self) -> list[int]:
+        """Rows that stand for their strategy: all but those that are the program as
+        written under another label (the baseline always stands)."""
+        return [
+            i
+            for i, (label, m) in enumerate(self.rows)
+            if label == self.baseline or not m.as_written
+        ]
+
     def pareto(self) -> tuple[str, ...]:
         """Labels of the strategies on the peak-memory/step-FLOPs Pareto front, in row order.
 
         A strategy is on the front when no other one has a lower or equal peak memory and
-        lower or equal FLOPs with one of them strictly lower.
+        lower or equal FLOPs with one of them strictly lower. A row that is the program as
+        written under another label (`remat.Measurement.as_written`: every scan it selects
+        kept the program's checkpoints) is not a strategy of its own and is left out.
         """
-        points = [(m.peak_bytes, m.flops) for _, m in self.rows]
-        return tuple(self.rows[i][0] for i in pareto_front(points))
+        rows = [self.rows[i] for i in self._candidates()]
+        points = [(m.peak_bytes, m.flops) for _, m in rows]
+        return tuple(rows[i][0] for i in pareto_front(points))
 
     def cheapest(self, max_peak_fraction: float = 0.5) -> str | None:
         """The strategy with the fewest FLOPs whose peak is at most a fraction of the baseline's.
@@ -179,7 +215,9 @@ class Report:
 
         Returns:
           Its label (the lower peak breaks a FLOPs tie, then row order), or None when no
-          strategy fits.
+          strategy fits. A row that is the program as written under another label
+          (`remat.Measurement.as_written`) is never picked; a row that kept the program's
+          checkpoints in some of its scans is picked with a `RematWarning` that says so.
 
         Raises:
           ValueError: ``max_peak_fraction`` is not a number > 0.
@@ -188,9 +226,20 @@ class Report:
         if isinstance(frac, bool) or not isinstance(frac, numbers.Real) or not frac > 0:
             raise ValueError(_BAD_FRACTION.format(got=frac))
         budget = max_peak_fraction * self.baseline_measurement.peak_bytes
-        fits = [(m.flops, m.peak_bytes, i) for i, (_, m) in enumerate(self.rows)]
+        fits = [(self.rows[i][1].flops, self.rows[i][1].peak_bytes, i) for i in self._candidates()]
         fits = [f for f in fits if f[1] <= budget]
-        return self.rows[min(fits)[2]][0] if fits else None
+        if not fits:
+            return None
+        label, m = self.rows[min(fits)[2]]
+        if m.scans_as_written and label != self.baseline:
+            warnings.warn(
+                _PICKED_PARTLY.format(
+                    label=label, kept=m.scans_as_written, of=m.scans_as_written + m.scans_applied
+                ),
+                RematWarning,
+                stacklevel=2,
+            )
+        return label
 
     # --- rendering ---
 
@@ -200,7 +249,9 @@ class Report:
         Columns: strategy, peak MiB, peak relative to the baseline, residual MiB, GFLOPs per
         step, FLOPs relative to the baseline, median ms per step, and a mark (``*``) on the
         Pareto front. A ``!`` after a label means XLA removed the recomputation the strategy
-        asked for (see `remat.measure`).
+        asked for (see `remat.measure`); ``(as written: N of M scans)`` means N of the M
+        scans the strategy selects kept the program's own checkpoints (see
+        `Report.as_written`).
 
         Numbers are never cut: on a narrow console the labels and headers wrap instead.
         ``compact`` draws fewer lines, for consoles of about 60 columns.
@@ -270,6 +321,9 @@ class Report:
         rows = []
         for label, m in self.rows:
             name = f"{label} (baseline)" if label == self.baseline else label
+            if m.scans_as_written:
+                of = m.scans_as_written + m.scans_applied
+                name += f" (as written: {m.scans_as_written} of {of} scans)"
             if m.recompute_eliminated:
                 name += " !"
             elif label in no_saving:
@@ -297,6 +351,8 @@ class Report:
             )
         if any(m.recompute_eliminated for _, m in self.rows):
             lines.append("! XLA removed the recomputation this strategy asked for")
+        if self.as_written():
+            lines.append(_AS_WRITTEN_NOTE)
         base = self.baseline_measurement
         for label in self.saves_nothing():
             m = self[label]

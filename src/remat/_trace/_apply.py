@@ -28,7 +28,8 @@ from ._rewrite import _NOT_CALLABLE, Body, _Interpreter, lax_loop
 from ._roll_explain import explain_no_roll
 from ._roll_rewrite import roll_unscanned
 from ._scan_info import ScanInfo, count, count_eqn, sub_jaxprs
-from ._traced import _rewritten, _Traced
+from ._state import has_nodes, lift, merged
+from ._traced import _rewritten, _trace, _Traced
 
 _NO_SCAN = (
     "`remat.apply` found no `scan` in {name}, so strategy {strategy!r} is applied to the whole "
@@ -217,14 +218,63 @@ def apply(
     return _rewritten(traced_fn, evaluator)
 
 
-def _warn_kept(traced: _Traced, select, sites, name: str, strategy: Strategy) -> None:
-    """Warns that the program's own checkpoints were kept, and which scans they cover."""
+def scans_as_written(
+    fn: Callable[..., Any],
+    strategy: Any,
+    args: Sequence[Any],
+    *,
+    roll: bool = True,
+    override: bool = False,
+) -> tuple[int, int]:
+    """``(applied, as_written)``: of the scans ``strategy`` selects in ``fn`` at ``args``, how
+    many ``apply(fn, strategy, roll=roll, override=override)`` checkpoints, and how many it
+    leaves as the program wrote them (their own checkpoints kept, ``override=False``).
+
+    A program without any scan (after rolling) counts as one: the whole function. A strategy
+    that rewrites nothing (``"none"``) gives ``(0, 0)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._apply import scans_as_written
+      >>> body = jax.checkpoint(lambda c, w: (jnp.tanh(c @ w), None))
+      >>> def loss(ws, x):
+      ...     return jax.lax.scan(body, x, ws)[0].sum()
+      >>> args = (jnp.ones((4, 3, 3)), jnp.ones(3))
+      >>> scans_as_written(loss, "full", args), scans_as_written(loss, "full", args, override=True)
+      ((0, 1), (1, 0))
+    """
+    strategy = as_strategy(strategy, "remat.apply")
+    policy = resolve_policy(strategy.policy, "remat.apply")
+    if strategy.schedule == "none" or (policy is None and strategy.schedule == "per_step"):
+        return 0, 0
+    traced_fn, args = roll_unscanned(fn) if roll else fn, tuple(args)
+    nodes = has_nodes(args)
+    if nodes:  # nnx modules: traced on their state, as `_rewritten` does
+        args, _, _ = lift(args, {})
+        traced_fn = merged(traced_fn)
+    leaves, treedef = jax.tree_util.tree_flatten((args, {}))
+    traced = _trace(traced_fn, leaves, treedef, check=not nodes)
+    name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
+    select = _selector(strategy, traced.scans, name)
+    if not traced.scans:
+        kept = not override and bool(checkpoint_sites(traced.jaxpr.jaxpr))
+        return (0, 1) if kept else (1, 0)
+    selected = [i for i in traced.scans if select(i)]
+    kept = [] if override else _kept(traced, selected)
+    return len(selected) - len(kept), len(kept)
+
+
+def _kept(traced: _Traced, scans: Sequence[ScanInfo]) -> list[ScanInfo]:
+    """The ``scans`` that keep the program's checkpoints: those whose body checkpoints, and
+    those inside one of the program's checkpoints."""
     covered: set[int] = set()
     _covered(traced.jaxpr.jaxpr, 0, False, covered, {})
-    kept = [
-        i for i in traced.scans
-        if select(i) and (i.position in covered or contains_checkpoint(i.jaxpr.jaxpr))
-    ]  # fmt: skip
+    return [i for i in scans if i.position in covered or contains_checkpoint(i.jaxpr.jaxpr)]
+
+
+def _warn_kept(traced: _Traced, select, sites, name: str, strategy: Strategy) -> None:
+    """Warns that the program's own checkpoints were kept, and which scans they cover."""
+    kept = _kept(traced, [i for i in traced.scans if select(i)])
     if kept:
         listed = ", ".join(
             f"{i.position}" + (f" ({i.name})" if i.name else "")
