@@ -348,11 +348,15 @@ def make():
 """
 
 
-def test_compare_and_measure_say_what_kept_as_written_and_override_applies(tmp_path, capsys):
+def test_compare_and_measure_say_what_kept_as_written_and_override_applies(
+    tmp_path, capsys, monkeypatch
+):
     import remat
 
-    path = tmp_path / "ckpt.py"
-    path.write_text(textwrap.dedent(CHECKPOINTED))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "160")  # the table as wide on every machine (xdist: 80)
+    path = "ckpt.py"
+    (tmp_path / path).write_text(textwrap.dedent(CHECKPOINTED))
     command = ["compare", f"{path}:make", "--strategies", "full", "--repeats", "0"]
     with pytest.warns(remat.RematWarning, match="kept the program's own checkpoints"):
         assert main(command) == 0
