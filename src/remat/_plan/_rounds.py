@@ -31,6 +31,7 @@ from .._measure._refusal import refusal_of
 from ._alone import charged_options, check_alone, compile_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
+from ._calls import near_miss
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
@@ -109,6 +110,9 @@ def plan_prepared(
         try_named(prep, know, budget_bytes, best,
                   lambda key, choice, alone: _verify(prep, know, key, choice,
                                                      know.margin or 0.0, alone=alone))  # fmt: skip
+        best = best_known(prep, know, budget_bytes)
+    if near_miss(prep, know, budget_bytes, say,
+                 lambda key, choice: _verify(prep, know, key, choice, know.margin or 0.0)):  # fmt: skip
         best = best_known(prep, know, budget_bytes)
     counts, seconds = tally()
     stats = PlanStats(

@@ -132,6 +132,9 @@ class ScanChoice:
     schedule: Any = "per_step"
     offload: tuple[str, ...] = ()  # names kept in host memory (see `remat._core._offload`)
     pattern: tuple[tuple[str, ...], ...] = ()  # per position: the names it saves
+    # The body's jitted calls that hold none of ``names`` bound whole, not inlined
+    # (`remat._trace._kept`): the same save set, which XLA may pack differently.
+    kept_calls: bool = False
 
     def policy(self) -> Any:
         """The `jax.checkpoint` policy: save ``names``, offload ``offload`` to the host.
@@ -169,7 +172,8 @@ def planned_scans(fn: Callable, *args: Any, **kwargs: Any) -> list[ScanInfo]:
 def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
     """``fn`` with the scans at the positions in ``choices`` re-run as they say.
 
-    Each chosen scan's body is evaluated with every value tagged (see `eval_tagged`) and
+    Each chosen scan's body is evaluated with every value tagged (see `eval_tagged`; with
+    ``kept_calls``, its jitted calls that hold no chosen value bound whole: `_kept`) and
     checkpointed with ``save_only_these_names(*choice.names)`` (with a ``pattern``, each
     position with its own names: `remat._trace._periodic.periodic_loop`); a schedule other than
     ``"per_step"`` runs the scan with `remat.scan` (a `remat.Binomial` step saves all its
@@ -192,6 +196,10 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
             outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
             return list(outs[:nk]), list(outs[nk:])
 
+        if choice.kept_calls:
+            from ._kept import tagged_body  # it evaluates with this module's helpers
+
+            tagged = tagged_body(info, (*(choice.names or ()), *choice.offload))
         if choice.pattern:
             return tagged  # checkpointed per position by `periodic_loop`
         if choice.schedule == "per_step":
