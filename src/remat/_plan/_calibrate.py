@@ -385,8 +385,9 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     if written:
         # With the phases read, the step's most bytes live, not its peak: the peak also
         # counts the temporaries buffer's unused bytes, XLA's packing of that one program
-        # (17.5 GiB of the un-checkpointed step at Llama-3-70B shapes, none of its plan's),
-        # and those live as its scan alone holds them between the loops (`as_alone`).
+        # (17.5 GiB of the un-checkpointed step at Llama-3-70B shapes, none of its plan's);
+        # what it holds as it is consumed between the loops is read as its scan alone
+        # holds it there (`as_alone`).
         if phases is not None:
             step = as_alone(step, memories[len(flat)].phases)
         peak = peak_of(baseline) if phases is None else min(peak_of(baseline), step.largest)

@@ -23,7 +23,7 @@ from ._compile import peak_of
 from ._memo import best_known, choice_key, cost
 
 # A compiled candidate over the budget by at most this fraction is compiled with its calls
-# kept (`near_miss`): three times the largest gap between the two forms measured the way
+# kept (`near_miss`): about three times the largest gap between the two forms measured the way
 # that favours keeping them (0.034%, see the module docstring).
 CALLS_BAND = 0.001
 
