@@ -402,8 +402,12 @@ one compile included, is inflated, and the ratios are not an idle machine's.
   linear model puts that set 1.5% over the budget (the plan's own set 1.2% over, 0.5% under
   on its scan alone), and the search for a cheaper plan never checks it alone: it checks a
   0.949x set, predicted 2.6% over on its scan alone, and steps the model back by that
-  excess, past the preset's set. 70B `save_dot_with_context_except_mlp` (plan 0.75% under)
-  was not investigated.
+  excess, past the preset's set. 70B `save_dot_with_context_except_mlp` (plan 0.75% under;
+  1.0127x planned fresh): the preset's set as the planner writes it compiles 10,403,776
+  bytes over the preset's peak, and to exactly it with the calls kept (`preset_gap.py
+  --model Llama-3-70B --preset save_dot_with_context_except_mlp`), so `_calls` would take
+  it, but the search never compiles or checks it: the linear model puts it 3.4% over, and
+  the cheaper sets checked alone (0.962-0.985x) were 0.38-1.39% over.
 - 35% is infeasible at 8B and 70B: the smallest peak reached is above it; the float32
   weights, their gradients and Adam's two moments alone take 16 bytes per parameter.
 - The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (2 step compiles,
