@@ -37,9 +37,8 @@ def plan_forms(args, sizes, spec) -> None:
     from remat._measure._peak import compiled_memory
     from remat._measure._step import lower_step
     from remat._models._maxtext import decoder_shapes
-    from remat._trace._kept import keeps_a_call, tagged_body
     from remat._trace._rewrite import lax_loop, rewrite_scans
-    from remat._trace._tag import ScanChoice, rewrite
+    from remat._trace._tag import ScanChoice, keeps_a_call, rewrite, tagged_body
 
     loss, shapes = decoder_shapes(None, sizes)
     p = remat.plan(loss, *shapes, budget=args.plan, optimizer=spec.optimizer, verbose=False)

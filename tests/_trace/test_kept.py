@@ -1,5 +1,5 @@
 """With ``ScanChoice.kept_calls`` the planner's rewrite keeps a jitted call whole where none
-of its values is saved (`remat._trace._kept`), and inlines it where one is; without it, every
+of its values is saved (`remat._trace._tag.tagged_body`), and inlines it where one is; without it, every
 call is inlined."""
 
 from __future__ import annotations
@@ -12,8 +12,15 @@ from jax.ad_checkpoint import checkpoint_name
 
 from conftest import assert_tree_allclose
 from remat._trace._jaxpr_walk import sites
-from remat._trace._kept import flat_ranges, tagged_body
-from remat._trace._tag import ScanChoice, flatten, planned_scans, rewrite, value_name
+from remat._trace._tag import (
+    ScanChoice,
+    flat_ranges,
+    flatten,
+    planned_scans,
+    rewrite,
+    tagged_body,
+    value_name,
+)
 
 
 def loss(w, xs):
@@ -80,7 +87,7 @@ def test_a_name_inside_a_jitted_call_stays_nameable_and_is_saved(body):
 
 
 def test_where_the_walk_does_not_match_the_flattened_body_every_call_is_inlined(monkeypatch):
-    import remat._trace._kept as kept
+    import remat._trace._tag as kept
 
     info = planned_scans(loss, *ARGS)[0]
     monkeypatch.setattr(kept, "flat_ranges", lambda closed, flat: None)

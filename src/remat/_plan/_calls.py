@@ -2,7 +2,7 @@
 
 The planner names a scan body's values on its flattened form (every call to a `jax.jit`-ed
 function inlined), and compiles a candidate so. The same save set with the calls that hold
-no saved value kept whole (`remat._trace._kept`, `ScanChoice.kept_calls`) is another program,
+no saved value kept whole (`remat._trace._tag.tagged_body`, `ScanChoice.kept_calls`) is another program,
 which XLA packs differently, either way: at Llama-3-8B shapes MaxText's ``minimal`` save set
 compiles 53,952,448 bytes (0.034%) over the preset's own peak inlined and to exactly it with
 the calls kept; at Llama-3.2-1B shapes the 50% plan's save set compiles 7.6% larger with
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._trace._kept import keeps_a_call
+from .._trace._tag import keeps_a_call
 from ._baseline import REFUSED
 from ._compile import peak_of
 from ._memo import best_known, choice_key, cost
