@@ -1,6 +1,6 @@
 """With ``ScanChoice.kept_calls`` the planner's rewrite keeps a jitted call whole where none
-of its values is saved (`remat._trace._tag.tagged_body`), and inlines it where one is; without it, every
-call is inlined."""
+of its values is saved (`remat._trace._tag.tagged_body`), and inlines it where one is;
+without it, every call is inlined."""
 
 from __future__ import annotations
 
