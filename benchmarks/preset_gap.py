@@ -29,78 +29,6 @@ import argparse
 from scale_bench import MODELS, sizes_of
 
 
-def kept_body(info, names, keep):
-    """``body(consts, carry, xs)``: the scan body as written, with its jitted calls named in
-    ``keep`` (None: all) bound whole where none of ``names`` lies inside them, the rest
-    inlined, and every floating-point value outside the kept calls tagged as
-    `remat._trace._tag.eval_tagged` tags the flattened body (the same names)."""
-    import re
-
-    from jax.ad_checkpoint import checkpoint_name
-
-    from remat._trace._tag import _INLINE, _bind, _inlined, _read, flatten, is_tagged, value_name
-
-    def inner_of(eqn):
-        key = _INLINE.get(eqn.primitive.name)
-        if key is None or key not in eqn.params or (key == "jaxpr" and not _inlined(eqn)):
-            return None
-        inner = eqn.params[key]
-        return (inner.jaxpr if hasattr(inner, "jaxpr") else inner), getattr(inner, "consts", ())
-
-    flat = flatten(info.jaxpr).jaxpr.eqns
-    ranges, j = {}, 0
-
-    def walk(jaxpr):  # each call's equations in the flattened body, matched one for one
-        nonlocal j
-        for eqn in jaxpr.eqns:
-            inner = inner_of(eqn)
-            if inner is not None:
-                start = j
-                walk(inner[0])
-                ranges[id(eqn)] = (start, j)
-                continue
-            same = [v.aval for v in eqn.outvars] == [v.aval for v in flat[j].outvars]
-            if eqn.primitive != flat[j].primitive or not same:
-                raise SystemExit("the flattened body does not match the body as written")
-            j += 1
-
-    walk(info.jaxpr.jaxpr)
-    chosen = {int(re.fullmatch(r"remat_s\d+_e(\d+)(?:_\d+)?", n).group(1)) for n in names}
-    nk = info.num_carry
-
-    def body(consts, carry, xs):
-        k = 0
-
-        def run(jaxpr, jaxpr_consts, invals):
-            nonlocal k
-            env = dict(zip(jaxpr.constvars, jaxpr_consts, strict=True))
-            env.update(zip(jaxpr.invars, invals, strict=True))
-            for eqn in jaxpr.eqns:
-                ins = [_read(env, v) for v in eqn.invars]
-                inner = inner_of(eqn)
-                if inner is not None:
-                    start, stop = ranges[id(eqn)]
-                    wanted = keep is None or eqn.params.get("name") in keep
-                    if wanted and chosen.isdisjoint(range(start, stop)):
-                        outs, k = _bind(eqn, ins), stop
-                    else:
-                        outs = run(*inner, ins)
-                else:
-                    outs = [
-                        checkpoint_name(o, value_name(info.position, k, i, len(eqn.outvars)))
-                        if is_tagged(v.aval) else o
-                        for i, (v, o) in enumerate(zip(eqn.outvars, _bind(eqn, ins), strict=True))
-                    ]  # fmt: skip
-                    k += 1
-                env.update(zip(eqn.outvars, outs, strict=True))
-            return [_read(env, v) for v in jaxpr.outvars]
-
-        outs = run(info.jaxpr.jaxpr, info.jaxpr.consts, [*consts, *carry, *xs])
-        return list(outs[:nk]), list(outs[nk:])
-
-    return body
-
-
 def plan_forms(args, sizes, spec) -> None:
     """``--plan``: the plan's save set compiled with every call inlined and with calls kept."""
     import jax
@@ -110,7 +38,7 @@ def plan_forms(args, sizes, spec) -> None:
     from remat._measure._step import lower_step
     from remat._models._maxtext import decoder_shapes
     from remat._trace._rewrite import lax_loop, rewrite_scans
-    from remat._trace._tag import ScanChoice, rewrite
+    from remat._trace._tag import ScanChoice, keeps_a_call, rewrite, tagged_body
 
     loss, shapes = decoder_shapes(None, sizes)
     p = remat.plan(loss, *shapes, budget=args.plan, optimizer=spec.optimizer, verbose=False)
@@ -122,7 +50,10 @@ def plan_forms(args, sizes, spec) -> None:
     policy = jax.checkpoint_policies.save_only_these_names(*names)
 
     def kept(info, _):
-        return jax.checkpoint(kept_body(info, names, keep), policy=policy, prevent_cse=False)
+        if not keeps_a_call(info, names):
+            raise SystemExit("no jitted call of the body is kept for this save set")
+        body = tagged_body(info, names, keep)  # the calls in ``keep`` (None: all) kept
+        return jax.checkpoint(body, policy=policy, prevent_cse=False)
 
     programs = {
         "inlined": rewrite(loss, {scan.position: ScanChoice(names=names)}),

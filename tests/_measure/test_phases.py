@@ -53,3 +53,23 @@ def test_a_program_without_loops_has_no_phases():
 
     _, dump = compile_with_dump(jax.jit(jax.grad(loss)).lower(jnp.ones((8, 8)), jnp.ones((4, 8))))
     assert loop_phases(dump) is None
+
+
+def test_passing_is_the_stack_consumed_at_the_peak_between_the_loops():
+    """A bfloat16 scan: between the loops XLA holds the six steps' (16, 32) bfloat16 stack
+    from the forward pass as it consumes it (its float32 copy for the backward loop), and the
+    phase's most bytes count it (`LoopPhases.passing`)."""
+
+    def loss(ws, x):
+        def step(y, w):
+            return jnp.tanh(y @ w.astype(jnp.bfloat16)).astype(jnp.bfloat16), None
+
+        x, _ = jax.lax.scan(step, x.astype(jnp.bfloat16), ws)
+        return jnp.sum(x.astype(jnp.float32) ** 2)
+
+    ws, x = jnp.ones((6, 32, 32)), jnp.ones((16, 32))
+    _, dump = compile_with_dump(jax.jit(jax.grad(loss)).lower(ws, x))
+    phases = loop_phases(dump)
+    assert phases.passing == 6 * 16 * 32 * 2
+    # Without it, the phase holds less than the backward loop starts with.
+    assert phases.between - phases.passing < phases.entry < phases.between

@@ -418,8 +418,14 @@ def _live_series(spans: Iterable[tuple[int, int, int]], n: int) -> np.ndarray:
 
 def live_bytes(dump: Dump) -> np.ndarray:
     """Bytes live at each position of the schedule: the buffers `read_memory` counts, summed."""
-    buffers = _buffers(dump)
-    return _live_series(((b.start, b.end, b.size) for b in buffers), _positions(dump, buffers))
+    return live_spans(dump)[1]
+
+
+def live_spans(dump: Dump) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+    """``(spans, live)``: each counted buffer's ``(start, end, bytes)`` (positions inclusive)
+    and `live_bytes`."""
+    spans = [(b.start, b.end, b.size) for b in _buffers(dump)]
+    return spans, _live_series(spans, max([len(dump.sequence)] + [e + 1 for _, e, _ in spans]))
 
 
 def read_memory(

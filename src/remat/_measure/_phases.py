@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._memory import live_bytes
+import numpy as np
+
+from ._memory import live_spans
 from ._xla_dump import Dump
 
 
@@ -41,6 +43,10 @@ class LoopPhases:
       entry: as the backward loop starts (what the forward pass left for it).
       backward: during the backward loop.
       after: after the backward loop (0 when nothing follows it).
+      passing: of ``between``, where it is reached as an input of the backward loop is
+        made, the bytes of the buffers held since the forward loop that die there (e.g. a
+        stack XLA converts to float32 for the backward loop): which buffer XLA holds so
+        differs between programs whose loops are the same (see `remat._plan._phases`).
     """
 
     forward: int
@@ -48,6 +54,7 @@ class LoopPhases:
     entry: int
     backward: int
     after: int
+    passing: int = 0
 
     @property
     def largest(self) -> int:
@@ -67,12 +74,23 @@ def loop_phases(dump: Dump) -> LoopPhases | None:
             (backward if "transpose(" in op_name else forward).append(i)
     if not forward or not backward or forward[-1] >= backward[0] - 1:
         return None
-    live = live_bytes(dump)
+    spans, live = live_spans(dump)
     end, start, stop = forward[-1] + 1, backward[0], backward[-1] + 1
+    most = end + int(np.argmax(live[end:start]))
     return LoopPhases(
         forward=int(live[:end].max()),
-        between=int(live[end:start].max()),
+        between=int(live[most]),
         entry=int(live[start]),
         backward=int(live[start:stop].max()),
         after=int(live[stop:].max()) if stop < len(live) else 0,
+        passing=_passing(spans, end, most, start),
     )
+
+
+def _passing(spans, end: int, most: int, start: int) -> int:
+    """`LoopPhases.passing`: where the instruction at ``most`` (the peak between the loops)
+    makes a buffer the backward loop starts with (live at ``start``), the bytes of the
+    buffers held since the forward loop (from before ``end``) that die there; else 0."""
+    if not any(first == most and last >= start for first, last, _ in spans):
+        return 0
+    return sum(size for first, last, size in spans if last == most and first < end)

@@ -47,7 +47,7 @@ from ._options import (
     offload_costs,
 )
 from ._perlayer import period_candidates
-from ._phases import contribution, phase_model
+from ._phases import as_alone, contribution, phase_model
 from ._result import fingerprint, scan_fingerprints
 from ._sharded import placeable, placement, read_splits, step_reader
 
@@ -385,7 +385,11 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     if written:
         # With the phases read, the step's most bytes live, not its peak: the peak also
         # counts the temporaries buffer's unused bytes, XLA's packing of that one program
-        # (17.5 GiB of the un-checkpointed step at Llama-3-70B shapes, none of its plan's).
+        # (17.5 GiB of the un-checkpointed step at Llama-3-70B shapes, none of its plan's);
+        # what it holds as it is consumed between the loops is read as its scan alone
+        # holds it there (`as_alone`).
+        if phases is not None:
+            step = as_alone(step, memories[len(flat)].phases)
         peak = peak_of(baseline) if phases is None else min(peak_of(baseline), step.largest)
         margin = float(peak - outside - sum(contribution(m, phases) for m in memories[len(flat) :]))
     return fit, calibration, tuple(fits), tuple(alone), margin, phases

@@ -125,7 +125,11 @@ def scan_choices(plan: Plan) -> dict[int, ScanChoice]:
     """What the plan asks of each scan, by position (see `remat._trace._tag.rewrite`)."""
     return {
         s.position: ScanChoice(
-            names=s.names, schedule=s.schedule, offload=s.offloaded, pattern=s.pattern
+            names=s.names,
+            schedule=s.schedule,
+            offload=s.offloaded,
+            pattern=s.pattern,
+            kept_calls=s.kept_calls,
         )
         for s in plan.scans
     }
@@ -146,6 +150,7 @@ def read_plan(path: str | os.PathLike, optimizer: Any = None) -> Plan:
             recompute_flops=float(s["recompute_flops"]),
             offloaded=tuple(s.get("offloaded", ())),
             pattern=tuple(tuple(names) for names in s.get("pattern", ())),
+            kept_calls=bool(s.get("kept_calls", False)),
         )
         for s in data["scans"]
     )

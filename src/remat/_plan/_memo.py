@@ -103,11 +103,12 @@ def forget() -> None:
 
 
 def choice_key(choice: Choice) -> tuple[Any, ...]:
-    """A hashable identity of a choice: per scan, its names, offloaded names, schedule and
-    per-layer pattern."""
+    """A hashable identity of a choice: per scan, its names, offloaded names, schedule,
+    per-layer pattern and whether its jitted calls are kept whole."""
     return tuple(
         sorted(
-            (k, v.names, v.offload, repr(v.schedule), v.pattern) for k, v in choice.choices.items()
+            (k, v.names, v.offload, repr(v.schedule), v.pattern, v.kept_calls)
+            for k, v in choice.choices.items()
         )
     )
 

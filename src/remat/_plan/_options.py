@@ -50,6 +50,8 @@ class ScanPlan:
     # Per position of a per-layer plan (step ``i`` saves ``pattern[i % len(pattern)]``);
     # empty when every step saves ``names`` (see `remat._plan._perlayer`).
     pattern: tuple[tuple[str, ...], ...] = ()
+    # The body's jitted calls that hold no saved value run whole (`ScanChoice.kept_calls`).
+    kept_calls: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -317,7 +317,8 @@ class Plan:
                     **{
                         k: v
                         for k, v in to_plain(dataclasses.replace(s, schedule="per_step")).items()
-                        if k != "pattern" or v  # written for a per-layer plan only
+                        # a per-layer plan's pattern, calls kept: written where they are
+                        if k not in ("pattern", "kept_calls") or v
                     },
                     "schedule": encode_schedule(s.schedule),
                 }

@@ -31,6 +31,7 @@ from .._measure._refusal import refusal_of
 from ._alone import charged_options, check_alone, compile_alone
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
+from ._calls import near_miss
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
@@ -113,14 +114,15 @@ def plan_prepared(
     best = best_known(prep, know, budget_bytes, cap)
     if strategies:  # never dearer than a strategy the caller gives
         say("compiling the given strategies")
-        try_given(prep, know, budget_bytes, strategies, best,
-                  verify)  # fmt: skip
+        try_given(prep, know, budget_bytes, strategies, best, verify)
         best = best_known(prep, know, budget_bytes, cap)
     if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
                   lambda key, choice, alone: _verify(prep, know, key, choice,
                                                      know.margin or 0.0, alone=alone))  # fmt: skip
+        best = best_known(prep, know, budget_bytes, cap)
+    if near_miss(prep, know, budget_bytes, say, verify):
         best = best_known(prep, know, budget_bytes, cap)
     counts, seconds = tally()
     stats = PlanStats(
