@@ -74,7 +74,10 @@ def main(argv=None) -> int:
                 and a.measured_peak_bytes == b.measured_peak_bytes
             )
             print(f"  {spec}: " + " | ".join(cells)
-                  + f" | +{b.flops_ratio - 1:.2%} {b.measured_peak_bytes} same plan: {same}",
+                  + f" | uniform +{got['uniform'].flops_ratio - 1:.2%} "
+                  f"{got['uniform'].measured_peak_bytes}, per-layer +{b.flops_ratio - 1:.2%} "
+                  f"{b.measured_peak_bytes} ({'segments' if b.scans[0].pattern else 'plain'})"
+                  f" | same plan: {same}",
                   flush=True)  # fmt: skip
     _search.SURE = sure
     return 0
