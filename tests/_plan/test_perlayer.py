@@ -272,3 +272,35 @@ def test_one_set_in_every_layer_as_segments_keeps_the_first_input_where_it_lives
     assert p.measured.flops == uniform.measured.flops
     assert p.measured_peak_bytes == same <= budget
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))
+
+
+def test_a_mix_is_priced_from_two_others_of_its_sets_compiled_alone(stack):
+    """Each layer moved from one save set to the other changes a mix's scan-alone memory by
+    as much: two mixes of the same sets compiled alone price the others (more or fewer layers
+    saving the set, and the set in every layer) within a layer's stored value of their
+    compiles; another pair, or a mix not in two runs, is not priced."""
+    from types import SimpleNamespace
+
+    from remat._plan._alone import priced_mix
+    from remat._plan._body import scan_memories
+    from remat._plan._options import alone_key
+
+    loss, args = stack
+    (info,) = planned_scans(loss, *args)
+    keep, none = ("remat_s0_e0",), ()
+
+    def mix(saving):  # the last ``saving`` layers save ``keep``
+        return ScanChoice(names=keep, pattern=(none,) * (8 - saving) + (keep,) * saving)
+
+    counts = (2, 4, 6, 8)
+    temps = [m.temp_bytes for m in scan_memories([(info, mix(c), 8) for c in counts])]
+    prep = SimpleNamespace(cands=[SimpleNamespace(scan=0)] * 8)
+    know = SimpleNamespace(alone={alone_key(0, mix(2)): temps[0], alone_key(1, mix(4)): temps[1]})
+    layer = 256 * 32 * 4  # one matmul output of one layer, float32
+    assert temps[1] - temps[0] > layer  # each layer saving it keeps more
+    for c, temp in zip(counts[2:], temps[2:], strict=True):
+        assert abs(priced_mix(prep, know, 2, mix(c)) - temp) < 0.1 * layer
+    other = ScanChoice(names=keep, pattern=(keep,) * 4 + (none,) * 4)  # the sets swapped
+    alternate = ScanChoice(names=keep, pattern=(none, keep) * 4)
+    assert priced_mix(prep, know, 2, other) is None
+    assert priced_mix(prep, know, 2, alternate) is None

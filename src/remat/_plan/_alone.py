@@ -6,6 +6,7 @@ on its own (`check_alone`), and the charges of `remat.Nested` and `remat.Binomia
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from .._shard._target import compile_device
 from ._body import scan_memories
@@ -56,8 +57,8 @@ def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float
 
 
 def check_alone(
-    prep: Prepared, know: Knowledge, solution: Solution, choice: Choice
-) -> tuple[float, bool]:
+    prep: Prepared, know: Knowledge, solution: Solution, choice: Choice, priced: bool = False
+) -> tuple[float, bool] | None:
     """The step's peak predicted for ``choice`` from each of its scans compiled alone (before
     the memory outside the scans is known: add ``know.margin``), and whether a schedule got
     its first charge (the solution should then be solved again).
@@ -66,6 +67,10 @@ def check_alone(
     `remat.Nested` or `remat.Binomial` one keeps beyond the model is charged to its option
     from then on. Without scan fits (a
     program calibrated on compiled steps) the model's own prediction is returned.
+
+    With ``priced``, nothing is compiled: a scan not compiled alone with its choice is priced
+    from the other mixes of its two save sets compiled alone (`priced_mix`), and None is
+    returned (and nothing recorded) where one cannot be.
     """
     if not prep.scan_fits:
         return prep.base + choice.model_bytes, False
@@ -73,15 +78,20 @@ def check_alone(
     baseline = prep.baseline
     total = float(baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes)
     recharged = False
-    compile_alone(prep, know, [(solution, choice)])
+    if not priced:
+        compile_alone(prep, know, [(solution, choice)])
+    contributions = {}
+    for o in solution.options:
+        scan_choice = choice.choices[prep.infos[prep.cands[o].scan].position]
+        known = know.alone.get(alone_key(o, scan_choice))
+        contributions[o] = known if known is not None else priced_mix(prep, know, o, scan_choice)
+        if contributions[o] is None:
+            return None
     for o in solution.options:
         cand = prep.cands[o]
-        info = prep.infos[cand.scan]
         fit = fits[cand.scan]
-        scan_choice = choice.choices[info.position]
         stored, sliced, transient = scan_terms(prep, solution, o)
-        key = alone_key(o, scan_choice)
-        contribution = know.alone[key]
+        contribution = contributions[o]
         if cand.schedule != "per_step" and o not in know.option_extra:
             model = (fit.fixed + prep.stored * stored + prep.slice * sliced
                      + prep.weight * transient)  # fmt: skip
@@ -94,6 +104,68 @@ def check_alone(
             )
         total += contribution
     return total, recharged
+
+
+def priced_mix(prep: Prepared, know: Knowledge, o: int, scan_choice: Any) -> float | None:
+    """The scan-alone contribution of per-layer option ``o`` (``scan_choice``: a run of layers
+    saving one set, then a run saving another, or one set in every layer) on the line through
+    two mixes of the same two sets compiled alone with other counts of layers (the nearest
+    two): each layer moved from one set to the other changes it by as much (on the models of
+    `benchmarks/vs_torch.py`, to within 20 KB in 1-2 MiB a layer). None where no two such
+    mixes are known.
+
+    Example:
+      >>> from types import SimpleNamespace as N
+      >>> from remat._plan._alone import priced_mix
+      >>> from remat._plan._options import alone_key
+      >>> from remat._trace._tag import ScanChoice
+      >>> prep = N(cands=[N(scan=0, pattern=(1,))] * 3)
+      >>> a, b = ("a",), ()
+      >>> know = N(alone={alone_key(0, ScanChoice(names=a, pattern=(b, a, a, a))): 70.0,
+      ...                 alone_key(1, ScanChoice(names=a, pattern=(b, b, a, a))): 60.0})
+      >>> priced_mix(prep, know, 2, ScanChoice(names=a, pattern=(a, a, a, a)))
+      80.0
+    """
+    pattern = scan_choice.pattern
+    if not pattern:
+        return None
+    scan, rest = prep.cands[o].scan, alone_key(o, scan_choice)[2:4]  # offload, schedule
+    known = [
+        (key[4], contribution)
+        for key, contribution in know.alone.items()
+        if prep.cands[key[0]].scan == scan and key[2:4] == rest and len(key[4]) == len(pattern)
+    ]
+    first, last = pattern[0], pattern[-1]
+    if first != last:
+        lines = [(first, last)]
+    else:  # one set in every layer: the end of a line from (or to) another set
+        lines = [(p[0], last) for p, _ in known if p[-1] == last and p[0] != last]
+        lines += [(first, p[-1]) for p, _ in known if p[0] == first and p[-1] != first]
+    best = None
+    for one, other in dict.fromkeys(lines):
+        x = _count(pattern, one, other)
+        points = {}
+        for pattern_, contribution in known:
+            y = _count(pattern_, one, other)
+            if y is not None and y != x:
+                points[y] = contribution
+        if x is None or len(points) < 2:
+            continue
+        near = sorted(points.items(), key=lambda p: (abs(p[0] - x), p[0]))[:2]
+        distance = sum(abs(y - x) for y, _ in near)
+        if best is None or distance < best[0]:
+            (x0, y0), (x1, y1) = near
+            best = distance, y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None if best is None else best[1]
+
+
+def _count(pattern: Any, first: Any, last: Any) -> int | None:
+    """The layers saving ``last`` where ``pattern`` is a run saving ``first`` then a run
+    saving ``last`` (either run may be empty); None for another pattern."""
+    x = 0
+    while x < len(pattern) and pattern[len(pattern) - 1 - x] == last:
+        x += 1
+    return x if all(p == first for p in pattern[: len(pattern) - x]) else None
 
 
 def compile_alone(prep: Prepared, know: Knowledge, candidates) -> None:

@@ -33,7 +33,10 @@ two plans with equal FLOPs the smaller peak is returned.
 
 What a mix's program keeps beyond this model is charged to the option the first time one of
 its scan's mixes is checked alone (`_alone.check_alone`), and from then on to the others
-(`shared_extra`).
+(`shared_extra`). Each layer moved from one set of a mix to the other changes the scan-alone
+program's memory by as much, so once two mixes of the same two sets are checked alone, the
+others are priced on their line, and one priced clearly over or under the budget is not
+compiled (`_alone.priced_mix`, `_search.cheaper_candidate`).
 
 A decoded per-layer choice records the save set of each layer (`ScanPlan.pattern`).
 """

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._alone import charged_options
+from ._alone import charged_options, check_alone
 from ._calibrate import Prepared
 from ._memo import Knowledge, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
@@ -34,7 +34,8 @@ SAVED_ROUNDS = 4
 def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any,
                      verify: Any, saved: int | None = None) -> int:  # fmt: skip
     """Compiles the candidate the model puts least in memory among those that recompute no
-    more than the best plan verified, when it is not that plan and the model puts it lower;
+    more than the best plan verified, when it is not that plan and the model puts it lower
+    (a per-layer one against a uniform plan: and its scans, compiled alone, keep less);
     ``verify(key, choice)`` compiles and records a step. Returns the steps compiled (0 or 1).
     """
     best = best_known(prep, know, budget_bytes, saved)
@@ -52,6 +53,12 @@ def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: An
         or step_flops(prep, choice) > cost(prep, best) * (1 + 1e-9)
     ):
         return 0
+    if _per_layer(choice) and not _per_layer(best.choice) and best.alone is not None:
+        # Its scans alone first: a per-layer step keeps more outside its scans than the
+        # uniform one (`remat._trace._ends`), so one that keeps no less on them keeps more.
+        alone, _ = check_alone(prep, know, solution, choice)
+        if alone >= best.alone:
+            return 0
     say("compiling a plan as cheap that keeps less")
     verify(choice_key(choice), choice)
     return 1

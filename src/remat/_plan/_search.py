@@ -26,6 +26,10 @@ BAND = 0.02
 # Above a candidate found over the budget, the next one searched recomputes at least this
 # fraction of the step's FLOPs more (`cheaper_candidate`).
 FLOOR_STEP = 1e-3
+# A per-layer candidate priced from its sibling mixes (`_priced`) this far over or under the
+# budget is not compiled alone: on the models measured the price is within 20 KB of the
+# compile, in budgets of 30-90 MB.
+SURE = 0.01
 # Values tried saved, one at a time, when the least memory the model knows does not fit
 # (`smaller_candidate`).
 PROBES = 8
@@ -54,7 +58,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     the scans is known only once a plan is verified). Each candidate checked alone and
     predicted over is appended to ``missed`` (a list, if given) as ``(solution, choice,
     scan-alone prediction)``; ``spread`` is how far the memory outside the scans has differed
-    between the points measured: the model steps back only by an excess beyond it.
+    between the points measured: the model steps back only by an excess beyond it. Without
+    ``missed`` (the per-layer search), a per-layer candidate that two mixes of its save sets
+    checked before price more than `SURE` from the budget is not compiled (`_priced`).
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
         return None  # nothing recomputes less than nothing
@@ -88,7 +94,11 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             if choice_key(choice) in know.measured:
                 continue
             checks += 1
-            alone, _ = check_alone(prep, know, solution, choice)
+            # A per-layer candidate its sibling mixes price surely over or under: no compile.
+            alone = None if missed is not None else _priced(
+                prep, know, solution, choice, budget_bytes * (1 + band) - margin)  # fmt: skip
+            if alone is None:
+                alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
                 reference = step_flops(prep, choice)
@@ -104,6 +114,22 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 # candidate the model puts less than that under this one would be over too.
                 back += max(0.0, alone + margin - spread - budget_bytes * (1 + band))
     return found
+
+
+def _priced(prep, know, solution, choice, limit) -> float | None:
+    """The scan-alone peak of per-layer ``choice`` priced without a compile from the mixes
+    of its save sets compiled alone (`_alone.priced_mix`; its option then charged from that
+    price, as a check would), where that is more than `SURE` over or under ``limit`` (the
+    scan-alone peak that fits); else None (and nothing charged)."""
+    if not any(s.pattern for s in choice.choices.values()):
+        return None
+    charged = dict(know.option_extra)
+    priced = check_alone(prep, know, solution, choice, priced=True)
+    if priced is not None and abs(priced[0] - limit) > SURE * abs(limit):
+        return priced[0]
+    know.option_extra.clear()  # compiled alone next, and charged from that
+    know.option_extra.update(charged)
+    return None
 
 
 def above_floor(prep: Prepared, above: float | None) -> float | None:

@@ -17,7 +17,7 @@ layers' indices, the stacked inputs passed whole and indexed inside each layer's
 ``k`` of ``L`` layers can then save one set and the others another (3 of 8, 7 of 8, which no
 shorter period gives), with one loop body per run, not one per layer: on the GPT of
 `benchmarks/vs_torch.py` (8 layers, 5 saving one set and 3 another) the step compiled in
-1.41x the plain scan's time, groups of 2 layers in 1.34x (`benchmarks/perlayer_bench.py`
+1.68x the plain scan's time, groups of 2 layers in 1.51x (`benchmarks/perlayer_bench.py`
 compares the forms, under load). The first layer of each run keeps the run's input carry
 itself, the others theirs in a stack per run, so the scan's initial carry is not copied (the
 plain scan stacks it with the others): with the same set in every layer the peak is one carry
