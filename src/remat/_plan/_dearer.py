@@ -6,10 +6,12 @@ returns then does more FLOPs than the plan asks for, and its peak is what the co
 the program down to, not what the save set holds. A verified plan whose compiled FLOPs exceed
 the model's by more than `NOISE` (`dearer`) shows both: so its peak corrects nothing (the
 memory outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest
-plan that fits is such a plan, candidates are solved under the least peak of the dearer plans
-less `STEP`, checked on their scans alone, compiled, and compared by their compiled FLOPs
-(`_memo.best_known`), at most `COMPILES` of them (`below_own_recomputation`). The search
-ends at a candidate the compiler leaves as the model has it (one under it recomputes at
+plan that fits is such a plan, candidates are solved under its peak (then under the least
+peak of the candidates compiled dearer since) less `STEP`, checked on their scans alone,
+compiled, and compared by their compiled FLOPs (`_memo.best_known`), at most `COMPILES` of
+them (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer
+too (on a v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs,
+starts the search. The search ends at a candidate the compiler leaves as the model has it (one under it recomputes at
 least as much by the model), or when the model's FLOPs of the next candidate reach the
 cheapest plan compiled.
 """
@@ -60,13 +62,16 @@ def below_own_recomputation(
     compiled = 0
     tries = 0
     excluded: list[Solution] = []
+    best = best_known(prep, know, budget_bytes)
+    # The least peak compiled dearer in this search, from the cheapest plan's down (a plan
+    # with less memory, `full` among them, may be dearer by recomputation of its own).
+    pulled = None if best is None else peak_of(best.measured)
     while compiled < COMPILES and tries < COMPILES + CHECKS:
         tries += 1
         best = best_known(prep, know, budget_bytes)
-        if best is None or not dearer(prep, best):
+        if best is None or pulled is None or not dearer(prep, best):
             break
-        pulled = [peak_of(k.measured) for k in know.measured.values() if dearer(prep, k)]
-        ceiling = int(min(pulled) * (1 - STEP))
+        ceiling = int(pulled * (1 - STEP))
         margin = know.margin or 0.0
         solution = solve(prep.nodes, ceiling, options=charged_options(prep, know),
                          fixed_bytes=prep.base + margin, exclude=excluded,
@@ -92,4 +97,5 @@ def below_own_recomputation(
         known = know.measured[key]
         if not dearer(prep, known) and peak_of(known.measured) <= budget_bytes:
             break  # the compiler left it as the model has it
+        pulled = min(pulled, peak_of(known.measured))
     return compiled
