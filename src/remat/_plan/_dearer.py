@@ -7,13 +7,14 @@ the program down to, not what the save set holds. A verified plan whose compiled
 the model's by more than `NOISE` (`dearer`) shows both: so its peak corrects nothing (the
 memory outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest
 plan that fits is such a plan, candidates are solved under its peak (then under the least
-peak of the candidates compiled dearer since) less `STEP`, checked on their scans alone,
-compiled, and compared by their compiled FLOPs (`_memo.best_known`), at most `COMPILES` of
-them (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer
-too (on a v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs,
-starts the search. The search ends at a candidate the compiler leaves as the model has it (one under it recomputes at
-least as much by the model), or when the model's FLOPs of the next candidate reach the
-cheapest plan compiled.
+peak of the candidates compiled dearer since) less `STEP`, checked on their scans alone
+(one found over steps the model back by its excess, as the rounds do), compiled, and
+compared by their compiled FLOPs (`_memo.best_known`), at most `COMPILES` of them
+(`below_own_recomputation`). Plans with less memory than the cheapest may be dearer too (on
+a v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs, starts the
+search. The search ends at a candidate the compiler leaves as the model has it (one under
+it recomputes at least as much by the model), or when the model's FLOPs of the next
+candidate reach the cheapest plan compiled.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ NOISE = 0.05
 STEP = 0.02
 # Step compiles spent below the compiler's own recomputation per budget.
 COMPILES = 3
+# A candidate its scans alone put over the ceiling tightens the model by its excess and this
+# much of the ceiling more.
+STEP_BACK = 0.002
 
 
 def dearer(prep: Prepared, known: Known) -> bool:
@@ -61,6 +65,7 @@ def below_own_recomputation(
     compiled."""
     compiled = 0
     tries = 0
+    tight = 0.0  # the model stepped back by the excess of candidates found over alone
     excluded: list[Solution] = []
     best = best_known(prep, know, budget_bytes)
     # The least peak compiled dearer in this search, from the cheapest plan's down (a plan
@@ -74,7 +79,7 @@ def below_own_recomputation(
         ceiling = int(pulled * (1 - STEP))
         margin = know.margin or 0.0
         solution = solve(prep.nodes, ceiling, options=charged_options(prep, know),
-                         fixed_bytes=prep.base + margin, exclude=excluded,
+                         fixed_bytes=prep.base + margin + tight, exclude=excluded,
                          transient_weight=prep.weight, stored_weight=prep.stored,
                          slice_weight=prep.slice)  # fmt: skip
         if solution is None:
@@ -90,6 +95,7 @@ def below_own_recomputation(
         say("looking under the compiler's own recomputation on the scans alone")
         alone, _ = check_alone(prep, know, solution, choice)
         if alone + margin > ceiling:
+            tight += alone + margin - ceiling + STEP_BACK * ceiling
             continue
         say(f"verifying a candidate under the compiler's own recomputation ({compiled + 1})")
         verify(prep, know, key, choice, margin, alone=alone)
