@@ -16,13 +16,16 @@ slices these sizes train on (one sequence per chip):
   compiler refuses ("Ran out of memory on HBM") is shown with the HBM it asked for;
 - ``remat.plan`` at the chip's HBM (16 GiB v5e, 95 GiB v5p; a budget above what the compiler
   gives a program, 15.75 GiB of a v5e's 16, is planned at that), given MaxText's presets
-  (``strategies=``, `GIVEN`): plan time, compiles, its peak and FLOPs. The compiler refuses
+  (``strategies=``, `GIVEN`) or, with ``--own``, not: plan time, compiles, its peak and
+  FLOPs. The compiler refuses
   the un-checkpointed step of both, so the planner starts
   from the step that recomputes everything (`remat._plan._baseline`).
 
 Usage (needs libtpu: ``pip install 'remat[tpu]'``):
   PYTHONPATH=src python benchmarks/tpu_bench.py [--quick] [--no-plan] [--no-write]
   PYTHONPATH=src python benchmarks/tpu_bench.py --only 0 --save 1b.json   # one run, saved
+  PYTHONPATH=src python benchmarks/tpu_bench.py --only 0 --plan-only --own --stages \
+      --save 1b_own.json   # the plan without MaxText's presets, its stages printed
   PYTHONPATH=src python benchmarks/tpu_bench.py --load 1b.json 8b.json    # write the section
 
 ``--only``/``--save`` let the runs go in separate processes (each compile uses one core);
@@ -324,10 +327,12 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "refuses every un-checkpointed step, so `remat.plan` starts from the step that "
         "recomputes everything and takes the un-checkpointed step's peak from the refusal "
         "(docs/tpu.md); a budget of a v5e's 16 GiB is planned at the 15.75 GiB the compiler "
-        "gives a program. The planner is given MaxText's presets "
+        "gives a program. `presets given`: the planner is given MaxText's presets "
         "(`strategies=`: compiled beside its own candidates, so the plan is never dearer "
-        "than one that fits; near a chip's memory the compiler recomputes values of its own "
-        "accord, which the cost model does not see, docs/tpu.md). The plan's FLOPs are "
+        "than one that fits; `--own` plans without them). Near a chip's memory the compiler "
+        "recomputes values of its own accord, which the cost model does not see: a plan "
+        "compiled to more FLOPs than the model counts has candidates with less memory "
+        "compiled and compared by their compiled FLOPs (docs/tpu.md). The plan's FLOPs are "
         "against the un-checkpointed step's, counted on its jaxpr (it is refused). Compile "
         "and plan seconds were measured while other jobs loaded this "
         "machine's 2 cores.",

@@ -6,8 +6,8 @@ returns then does more FLOPs than the plan asks for, and its peak is what the co
 the program down to, not what the save set holds. A verified plan whose compiled FLOPs exceed
 the model's by more than `NOISE` (`dearer`) shows both: so its peak corrects nothing (the
 memory outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest
-plan that fits is such a plan, candidates are solved under its peak (then under the least
-peak of the candidates compiled dearer since) less `STEP`, checked on their scans alone
+plan that fits is such a plan, candidates are solved under its predicted peak (then under
+the least predicted for the candidates compiled dearer since) less `STEP`, checked on their scans alone
 (one found over steps the model back by its excess, as the rounds do), compiled, and
 compared by their compiled FLOPs (`_memo.best_known`), at most `COMPILES` of them
 (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer too (on
@@ -68,9 +68,10 @@ def below_own_recomputation(
     tight = 0.0  # the model stepped back by the excess of candidates found over alone
     excluded: list[Solution] = []
     best = best_known(prep, know, budget_bytes)
-    # The least peak compiled dearer in this search, from the cheapest plan's down (a plan
-    # with less memory, `full` among them, may be dearer by recomputation of its own).
-    pulled = None if best is None else peak_of(best.measured)
+    # The least peak predicted for a plan compiled dearer in this search, from the cheapest
+    # plan's down (one with less memory, `full` among them, may be dearer by recomputation of
+    # its own); predicted, as the candidates are: the compiled peak is the compiler's.
+    pulled = None if best is None else best.predicted
     while compiled < COMPILES and tries < COMPILES + CHECKS:
         tries += 1
         best = best_known(prep, know, budget_bytes)
@@ -103,5 +104,5 @@ def below_own_recomputation(
         known = know.measured[key]
         if not dearer(prep, known) and peak_of(known.measured) <= budget_bytes:
             break  # the compiler left it as the model has it
-        pulled = min(pulled, peak_of(known.measured))
+        pulled = min(pulled, known.predicted)
     return compiled
