@@ -8,7 +8,7 @@ the model's by more than `NOISE` (`dearer`) shows both: so its peak corrects not
 memory outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest
 plan that fits is such a plan, candidates are solved under its predicted peak (then under
 the least predicted for the candidates compiled dearer since) less `STEP`, checked on their
-scans alone (one found over steps the model back by its excess, as the rounds do),
+scans alone (one found over rules out the candidates that recompute as little, as in the rounds),
 compiled, and compared by their compiled FLOPs (`_memo.best_known`), at most `COMPILES` of
 them (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer
 too (on a v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs,
@@ -29,7 +29,7 @@ from ._compile import peak_of
 from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
 from ._options import decode
-from ._search import CHECKS
+from ._search import CHECKS, above_floor
 
 # Compiled FLOPs this far above the model's are the compiler's own recomputation.
 NOISE = 0.05
@@ -37,8 +37,7 @@ NOISE = 0.05
 STEP = 0.02
 # Step compiles spent below the compiler's own recomputation per budget.
 COMPILES = 3
-# A candidate its scans alone put over the ceiling tightens the model by its excess and this
-# much of the ceiling more.
+# A candidate its scans alone put over the ceiling tightens the model by this much of it.
 STEP_BACK = 0.002
 
 
@@ -65,7 +64,8 @@ def below_own_recomputation(
     compiled."""
     compiled = 0
     tries = 0
-    tight = 0.0  # the model stepped back by the excess of candidates found over alone
+    tight = 0.0  # the model stepped back by candidates found over alone
+    above: float | None = None  # their most recompute FLOPs (`_search.above_floor`)
     excluded: list[Solution] = []
     best = best_known(prep, know, budget_bytes)
     # The least peak predicted for a plan compiled dearer in this search, from the cheapest
@@ -82,7 +82,7 @@ def below_own_recomputation(
         solution = solve(prep.nodes, ceiling, options=charged_options(prep, know),
                          fixed_bytes=prep.base + margin + tight, exclude=excluded,
                          transient_weight=prep.weight, stored_weight=prep.stored,
-                         slice_weight=prep.slice)  # fmt: skip
+                         slice_weight=prep.slice, min_flops=above_floor(prep, above))  # fmt: skip
         if solution is None:
             break
         choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
@@ -95,8 +95,9 @@ def below_own_recomputation(
             continue
         say("looking under the compiler's own recomputation on the scans alone")
         alone, _ = check_alone(prep, know, solution, choice)
-        if alone + margin > ceiling:
-            tight += alone + margin - ceiling + STEP_BACK * ceiling
+        if alone + margin > ceiling:  # rules out its FLOPs tier, as in the rounds
+            tight += STEP_BACK * ceiling
+            above = max(above or 0.0, solution.recompute_flops)
             continue
         say(f"verifying a candidate under the compiler's own recomputation ({compiled + 1})")
         verify(prep, know, key, choice, margin, alone=alone)
