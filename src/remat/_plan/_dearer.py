@@ -8,9 +8,9 @@ the model's by more than `NOISE` (`dearer`) shows both: so its peak corrects not
 memory outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest
 plan that fits is such a plan, candidates are solved under its predicted peak (then under
 the least predicted for the candidates compiled dearer since) less `STEP`, checked on their
-scans alone (one found over rules out the candidates that recompute as little, as in the rounds),
-compiled, and compared by their compiled FLOPs (`_memo.best_known`), at most `COMPILES` of
-them (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer
+scans alone (one found over rules out the candidates that recompute as little, as in the
+rounds), compiled, and compared by their compiled FLOPs (`_memo.best_known`), at most
+`COMPILES` of them (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer
 too (on a v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs,
 starts the search. The search ends at a candidate the compiler leaves as the model has it
 (one under it recomputes at least as much by the model), or when the model's FLOPs of the
