@@ -7,8 +7,8 @@ the program down to, not what the save set holds. A verified plan whose compiled
 the model's by more than `NOISE` (`dearer`) shows both: so its peak corrects nothing (the
 memory outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest
 plan that fits is such a plan, candidates are solved under its predicted peak (then under
-the least predicted for the candidates compiled dearer since) less `STEP`, checked on their
-scans alone (one found over rules out the candidates that recompute as little, as in the
+the least predicted for the candidates compiled dearer since) less `STEP`, recomputing more than it (the rounds ruled out the
+candidates that recompute less), checked on their scans alone (one found over rules out the candidates that recompute as little, as in the
 rounds), compiled, and compared by their compiled FLOPs (`_memo.best_known`), at most
 `COMPILES` of them (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer
 too (on a v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs,
@@ -65,9 +65,11 @@ def below_own_recomputation(
     compiled = 0
     tries = 0
     tight = 0.0  # the model stepped back by candidates found over alone
-    above: float | None = None  # their most recompute FLOPs (`_search.above_floor`)
     excluded: list[Solution] = []
     best = best_known(prep, know, budget_bytes)
+    # The most recompute FLOPs of the cheapest plan and of candidates found over alone: one
+    # that recomputes as little was ruled out by the rounds, or is over (`above_floor`).
+    above = None if best is None else best.choice.flops
     # The least peak predicted for a plan compiled dearer in this search, from the cheapest
     # plan's down (one with less memory, `full` among them, may be dearer by recomputation of
     # its own); predicted, as the candidates are: the compiled peak is the compiler's.
