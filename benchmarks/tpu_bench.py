@@ -16,13 +16,16 @@ slices these sizes train on (one sequence per chip):
   compiler refuses ("Ran out of memory on HBM") is shown with the HBM it asked for;
 - ``remat.plan`` at the chip's HBM (16 GiB v5e, 95 GiB v5p; a budget above what the compiler
   gives a program, 15.75 GiB of a v5e's 16, is planned at that), given MaxText's presets
-  (``strategies=``, `GIVEN`): plan time, compiles, its peak and FLOPs. The compiler refuses
+  (``strategies=``, `GIVEN`) or, with ``--own``, not: plan time, compiles, its peak and
+  FLOPs. The compiler refuses
   the un-checkpointed step of both, so the planner starts
   from the step that recomputes everything (`remat._plan._baseline`).
 
 Usage (needs libtpu: ``pip install 'remat[tpu]'``):
   PYTHONPATH=src python benchmarks/tpu_bench.py [--quick] [--no-plan] [--no-write]
   PYTHONPATH=src python benchmarks/tpu_bench.py --only 0 --save 1b.json   # one run, saved
+  PYTHONPATH=src python benchmarks/tpu_bench.py --only 0 --plan-only --own --stages \
+      --save 1b_own.json   # the plan without MaxText's presets, its stages printed
   PYTHONPATH=src python benchmarks/tpu_bench.py --load 1b.json 8b.json    # write the section
 
 ``--only``/``--save`` let the runs go in separate processes (each compile uses one core);
@@ -151,14 +154,15 @@ def compile_preset(name: str, sizes: dict, target: remat.Target, parallelism: st
     )
 
 
-def plan_at_hbm(sizes: dict, target: remat.Target, parallelism: str) -> dict:
+def plan_at_hbm(sizes: dict, target: remat.Target, parallelism: str, given: bool) -> dict:
+    """`remat.plan` at the chip's HBM, given MaxText's presets (`GIVEN`) or not (``given``)."""
     loss, args = placed(None, sizes, target, parallelism)
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():  # a budget above what the compiler gives: said below
             warnings.simplefilter("ignore", remat.RematWarning)
             plan = remat.plan(loss, *args, budget=target.hbm_bytes, target=target,
-                              verbose=False, strategies=GIVEN)  # fmt: skip
+                              verbose=False, strategies=GIVEN if given else ())  # fmt: skip
     except remat.InfeasibleBudget as err:
         return dict(seconds=time.perf_counter() - start, error=str(err).splitlines()[0])
     except ValueError as err:  # the compiler refused even the step that recomputes everything
@@ -200,10 +204,18 @@ def main() -> None:
     parser.add_argument("--only", type=int, help="run only this entry of RUNS")
     parser.add_argument("--save", help="save the rows to this JSON file (and write nothing)")
     parser.add_argument("--load", nargs="+", help="write BENCHMARKS.md from saved rows")
+    parser.add_argument(
+        "--own", action="store_true", help="plan without MaxText's presets (no strategies=)"
+    )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="print each stage of the plan with its time (a log of progress)",
+    )
     opts = parser.parse_args()
     head = ("model", "slice", "batch x seq", "strategy", "compile s", "peak GiB/chip",
             "compiler peak_memory_in_bytes GiB", "TFLOP/chip", "fits HBM")  # fmt: skip
-    plan_head = ("model", "slice", "budget GiB", "un-checkpointed GiB (refusal)",
+    plan_head = ("model", "slice", "presets given", "budget GiB", "un-checkpointed GiB (refusal)",
                  "plan peak GiB/chip", "TFLOP/chip", "FLOPs vs un-checkpointed",
                  "plan s (compiling s)", "step / all compiles", "saves")  # fmt: skip
     rows, plan_rows, machines = [], [], []
@@ -211,11 +223,15 @@ def main() -> None:
         for path in opts.load:
             saved = json.loads(Path(path).read_text())
             rows += [tuple(r) for r in saved["rows"]]
-            plan_rows += [tuple(r) for r in saved["plan_rows"]]
+            # rows saved before the column "presets given" were planned with them
+            plan_rows += [tuple(r) if len(r) == len(plan_head) else (*r[:2], "yes", *r[2:])
+                          for r in saved["plan_rows"]]  # fmt: skip
             machine = saved["machine"]  # a run's line, or the lines of rows kept from runs
             machines += machine if isinstance(machine, list) else [machine]
         return write(head, rows, plan_head, plan_rows, machines)
     runs = QUICK_RUNS if opts.quick else RUNS
+    if opts.stages:
+        _print_stages()
     if opts.only is not None:
         runs = [RUNS[opts.only]]
 
@@ -229,12 +245,14 @@ def main() -> None:
         sized = {**sizes, "batch": batch, "seq": seq}
         label = f"{name[4:]} ({target.name[4:]}), {parallelism}"
         if not opts.no_plan:  # the plan first: the slowest, and the figure wanted most
-            p = plan_at_hbm(sized, target, parallelism)
+            p = plan_at_hbm(sized, target, parallelism, given=not opts.own)
+            given = "no" if opts.own else "yes"
             if "error" in p:
-                plan_rows.append((model, label, f"{target.hbm_bytes / GIB:.2f}", "", p["error"],
+                plan_rows.append((model, label, given, f"{target.hbm_bytes / GIB:.2f}", "",
+                                  p["error"],
                                   "", "", f"{p['seconds']:.1f}", "", ""))  # fmt: skip
             else:
-                plan_rows.append((model, label, f"{p['budget'] / GIB:.2f}",
+                plan_rows.append((model, label, given, f"{p['budget'] / GIB:.2f}",
                                   f"{p['baseline_peak'] / GIB:.2f}", f"{p['peak'] / GIB:.2f}",
                                   f"{p['flops'] / 1e12:.1f}",
                                   f"{p['flops'] / p['baseline_flops']:.3f}x",
@@ -263,6 +281,17 @@ def main() -> None:
     if opts.save or opts.no_write or opts.quick:
         return
     write(head, rows, plan_head, plan_rows, [machine_line()])
+
+
+def _print_stages() -> None:
+    """Prints each stage `remat.plan` reports (its `Progress`), with the seconds since it
+    began, whether or not stderr is a terminal: a log of a long plan's progress."""
+    from remat._plan._progress import Progress
+
+    def call(self, stage: str) -> None:
+        print(f"  [{time.perf_counter() - self.start:7.1f} s] {stage}", flush=True)
+
+    Progress.__call__ = call
 
 
 def _machines(lines: list[str]) -> str:
@@ -298,10 +327,12 @@ def write(head, rows, plan_head, plan_rows, machines) -> None:
         "refuses every un-checkpointed step, so `remat.plan` starts from the step that "
         "recomputes everything and takes the un-checkpointed step's peak from the refusal "
         "(docs/tpu.md); a budget of a v5e's 16 GiB is planned at the 15.75 GiB the compiler "
-        "gives a program. The planner is given MaxText's presets "
+        "gives a program. `presets given`: the planner is given MaxText's presets "
         "(`strategies=`: compiled beside its own candidates, so the plan is never dearer "
-        "than one that fits; near a chip's memory the compiler recomputes values of its own "
-        "accord, which the cost model does not see, docs/tpu.md). The plan's FLOPs are "
+        "than one that fits; `--own` plans without them). Near a chip's memory the compiler "
+        "recomputes values of its own accord, which the cost model does not see: a plan "
+        "compiled to more FLOPs than the model counts has candidates with less memory "
+        "compiled and compared by their compiled FLOPs (docs/tpu.md). The plan's FLOPs are "
         "against the un-checkpointed step's, counted on its jaxpr (it is refused). Compile "
         "and plan seconds were measured while other jobs loaded this "
         "machine's 2 cores.",

@@ -33,6 +33,7 @@ from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, 
 from ._calibrate import Prepared
 from ._calls import near_miss
 from ._compile import STEP, compile_measure, peak_of, tally
+from ._dearer import below_own_recomputation, dearer
 from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
 from ._named import ahead as named_ahead
@@ -101,6 +102,9 @@ def plan_prepared(
     # them (`_per_layer`), so a per-layer plan is never dearer than the uniform plan.
     uniform = uniform_of(prep)
     rounds, solve_seconds = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say)
+    # A plan the compiler made dearer than the model (its own recomputation): compiled
+    # candidates under it compete by their compiled FLOPs (`_dearer`).
+    rounds += below_own_recomputation(uniform, know, budget_bytes, say, _verify)
 
     def verify(key, choice):  # a step compiled beside the rounds' own
         _verify(prep, know, key, choice, know.margin or 0.0)
@@ -365,7 +369,9 @@ def _per_layer_first(prep: Prepared, know: Knowledge) -> list[Any]:
 def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None) -> None:
     """Compiles and measures the step with ``choice`` and records it in ``know`` under
     ``key``, with its prediction (the scan-alone ``alone``, or what ``beside``, run while
-    the step compiles, returns, plus ``margin``) and the memory outside the scans it shows.
+    the step compiles, returns, plus ``margin``) and the memory outside the scans it shows,
+    unless the compiler recomputed in it of its own accord (`_dearer.dearer`: its peak is
+    then the compiler's, not the save set's).
     ``ahead`` (`_look_ahead`) also runs while the step compiles. Without ``alone`` or
     ``beside`` (a strategy the caller gives) the prediction is the model's, and the memory
     outside the scans is left as it was."""
@@ -398,9 +404,12 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
     elif ahead is not None:
         measured, _ = measured
     check_offloaded(choice, measured)
-    if alone is not None:
+    known = Known(choice, measured, _predicted(prep, choice, alone, margin), alone)
+    if alone is not None and dearer(prep, known):  # its peak is the compiler's own recomputation's
+        known = dataclasses.replace(known, alone=None)
+    elif alone is not None:
         know.margin = peak_of(measured) - alone
-    know.measured[key] = Known(choice, measured, _predicted(prep, choice, alone, margin), alone)
+    know.measured[key] = known
 
 
 def _predicted(prep: Prepared, choice: Choice, alone: float | None, margin: float) -> int:
