@@ -29,7 +29,7 @@ from ._compile import peak_of
 from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
 from ._options import decode
-from ._search import CHECKS, above_floor
+from ._search import CHECKS, STEP_BACK, above_floor
 
 # Compiled FLOPs this far above the model's are the compiler's own recomputation.
 NOISE = 0.05
@@ -37,8 +37,6 @@ NOISE = 0.05
 STEP = 0.02
 # Step compiles spent below the compiler's own recomputation per budget.
 COMPILES = 3
-# A candidate its scans alone put over the ceiling tightens the model by this much of it.
-STEP_BACK = 0.002
 
 
 def dearer(prep: Prepared, known: Known) -> bool:

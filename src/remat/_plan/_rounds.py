@@ -45,6 +45,7 @@ from ._result import InfeasibleBudget, Plan, PlanStats
 from ._saved import smaller_as_cheap, within_saved
 from ._search import (
     CHECKS,
+    STEP_BACK,
     above_floor,
     band_for,
     calibration_point,
@@ -62,8 +63,6 @@ from ._spread import within_spread
 ROUNDS = 2
 # Per-layer candidates compiled whole after the uniform rounds, at most (`_per_layer`).
 PER_LAYER_ROUNDS = 2
-# A candidate predicted over the budget tightens the model by its excess and this much more.
-STEP_BACK = 0.002
 # A candidate the model puts this far under the budget is compiled whole at once, and checked
 # on its scans alone beside that compile (`_ample`): the model's error on the programs
 # measured is within 6%.

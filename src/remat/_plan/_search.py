@@ -17,6 +17,9 @@ from ._options import Choice, decode, fixed_solution
 
 # Candidates checked alone per round before one is compiled whole.
 CHECKS = 4
+# A candidate found over the budget (or a ceiling) tightens the model by its excess and this
+# fraction of the budget more (`_rounds`, `_dearer`).
+STEP_BACK = 0.002
 # Budgets above the real one at which cheaper candidates are looked for (`cheaper_candidate`).
 RELAX = (0.0, 0.04, 0.08)
 # A cheaper candidate predicted at most this far over the budget is still verified: the margin
