@@ -9,6 +9,7 @@ every step the planner compiles except the one that saves MaxText's ``save_qkv_p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
@@ -32,12 +33,11 @@ def decoder():
     return loss, args, remat.measure(loss, *args, repeats=0)
 
 
-@pytest.fixture(scope="module")
-def recomputing_compiler(decoder):
-    """The plans of the decoder at 90% without and with ``strategies=[QKV]``, compiled by a
-    compiler that adds half the un-checkpointed step's FLOPs to every plan but ``QKV``."""
-    _, _, plain = decoder
-    extra = plain.flops / 2
+@contextlib.contextmanager
+def _recomputing(mark, adds, extra):
+    """`_rounds` compiling as a compiler that recomputes of its own accord: each step it
+    rewrites carries ``mark(choice)`` (other steps None), and a compiled step for which
+    ``adds(its mark, its measurement)`` holds measures ``extra`` more FLOPs."""
     real_rewrite, real_compile = _rounds._rewrite, _rounds.compile_measure
 
     def rewrite(prep, choice):
@@ -46,24 +46,34 @@ def recomputing_compiler(decoder):
         def marked(*args, **kwargs):
             return fn(*args, **kwargs)
 
-        marked.given = choice_key(choice) == choice_key(given_choice(prep, QKV)[1])
+        marked.mark = mark(prep, choice)
         return marked
 
     def compile_measure(fn, *args, **kwargs):
         out = real_compile(fn, *args, **kwargs)
-        if getattr(fn, "given", True):
-            return out
-        import dataclasses
-
-        if isinstance(out, tuple):
-            return (dataclasses.replace(out[0], flops=out[0].flops + extra), *out[1:])
-        return dataclasses.replace(out, flops=out.flops + extra)
+        measured = out[0] if isinstance(out, tuple) else out
+        if adds(getattr(fn, "mark", None), measured):
+            measured = dataclasses.replace(measured, flops=measured.flops + extra)
+        return (measured, *out[1:]) if isinstance(out, tuple) else measured
 
     _memo.forget()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_rounds, "_rewrite", rewrite)
         mp.setattr(_rounds, "compile_measure", compile_measure)
-        loss, args, _ = decoder
+        yield
+
+
+@pytest.fixture(scope="module")
+def recomputing_compiler(decoder):
+    """The plans of the decoder at 90% without and with ``strategies=[QKV]``, compiled by a
+    compiler that adds half the un-checkpointed step's FLOPs to every plan but ``QKV``."""
+    loss, args, plain = decoder
+    extra = plain.flops / 2
+
+    def is_qkv(prep, choice):
+        return choice_key(choice) == choice_key(given_choice(prep, QKV)[1])
+
+    with _recomputing(is_qkv, lambda mark, _: mark is False, extra):
         own = remat.plan(loss, *args, budget="90%", verbose=False)
         given = remat.plan(loss, *args, budget="90%", verbose=False, strategies=[QKV])
     _memo.forget()
@@ -81,28 +91,14 @@ def compiler_with_a_line(decoder):
     _memo.forget()
     line = peak_of(remat.plan(loss, *args, budget="90%", verbose=False).measured) - 1
     extra = plain.flops / 2
-    real_rewrite, real_compile = _rounds._rewrite, _rounds.compile_measure
 
-    def rewrite(prep, choice):
-        fn = real_rewrite(prep, choice)
+    def nothing_saved(prep, choice):
+        return not any(c.names for c in choice.choices.values())
 
-        def marked(*args, **kwargs):
-            return fn(*args, **kwargs)
+    def adds(mark, measured):
+        return peak_of(measured) > line or mark is True
 
-        marked.nothing_saved = not any(c.names for c in choice.choices.values())
-        return marked
-
-    def compile_measure(fn, *args, **kwargs):
-        out = real_compile(fn, *args, **kwargs)
-        measured = out[0] if isinstance(out, tuple) else out
-        if peak_of(measured) > line or getattr(fn, "nothing_saved", False):
-            measured = dataclasses.replace(measured, flops=measured.flops + extra)
-        return (measured, *out[1:]) if isinstance(out, tuple) else measured
-
-    _memo.forget()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_rounds, "_rewrite", rewrite)
-        mp.setattr(_rounds, "compile_measure", compile_measure)
+    with _recomputing(nothing_saved, adds, extra):
         plan = remat.plan(loss, *args, budget="90%", verbose=False)
     (know,) = _memo._MEMORY.values()
     _memo.forget()

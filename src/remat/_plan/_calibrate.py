@@ -43,6 +43,7 @@ from ._options import (
     alone_key,
     assemble,
     candidates,
+    decode,
     fixed_choice,
     offload_costs,
 )
@@ -118,6 +119,18 @@ class Prepared:
     # Where the scan-alone programs of a sharded program are placed (`_sharded`); None on
     # one device.
     placement: Any = None
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The calibrated weights as `_milp.solve` takes them."""
+        return dict(transient_weight=self.weight, stored_weight=self.stored,
+                    slice_weight=self.slice)  # fmt: skip
+
+    def decode(self, solution: Any) -> Any:
+        """``solution`` as the `_options.Choice` it stands for, under this program's
+        calibrated memory model (`_options.decode`)."""
+        return decode(solution, self.cands, self.offsets, self.models, self.weight, self.stored,
+                      self.slice)  # fmt: skip
 
 
 def check_inputs(fn: Callable[..., Any], args: Sequence[Any], argnums: Any) -> None:

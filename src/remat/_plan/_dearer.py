@@ -1,20 +1,21 @@
 """Plans the compiler makes dearer than the model: candidates below its own recomputation.
 
-Near a TPU chip's memory the compiler recomputes values of its own accord (above 95% of the
-HBM it gives a program, docs/tpu.md), by amounts the cost model does not see; the step it
-returns then does more FLOPs than the plan asks for, and its peak is what the compiler pulled
-the program down to, not what the save set holds. A verified plan whose compiled FLOPs exceed
-the model's by more than `NOISE` (`dearer`) shows both: so its peak corrects nothing (the
-memory outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest
-plan that fits is such a plan, candidates are solved under its predicted peak (then under
-the least predicted for the candidates compiled dearer since) less `STEP`, recomputing more than it (the rounds ruled out the
-candidates that recompute less), checked on their scans alone (one found over rules out the candidates that recompute as little, as in the
-rounds), compiled, and compared by their compiled FLOPs (`_memo.best_known`), at most
-`COMPILES` of them (`below_own_recomputation`). Plans with less memory than the cheapest may be dearer
-too (on a v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs,
-starts the search. The search ends at a candidate the compiler leaves as the model has it
-(one under it recomputes at least as much by the model), or when the model's FLOPs of the
-next candidate reach the cheapest plan compiled.
+Near a TPU chip's memory the compiler recomputes values of its own accord (above 95% of the HBM
+it gives a program, docs/tpu.md), by amounts the cost model does not see; the step it returns
+then does more FLOPs than the plan asks for, and its peak is what the compiler pulled the
+program down to, not what the save set holds. A verified plan whose compiled FLOPs exceed the
+model's by more than `NOISE` (`dearer`) shows both: so its peak corrects nothing (the memory
+outside the scans is not learnt from it, `_rounds._verify`), and while the cheapest plan that
+fits is such a plan, candidates are solved under its predicted peak (then under the least
+predicted for the candidates compiled dearer since) less `STEP`, recomputing more than it (the
+rounds ruled out the candidates that recompute less), checked on their scans alone (one found
+over rules out the candidates that recompute as little, as in the rounds), compiled, and
+compared by their compiled FLOPs (`_memo.best_known`), at most `COMPILES` of them
+(`below_own_recomputation`). Plans with less memory than the cheapest may be dearer too (on a
+v5e the TPU compiler recomputes in `full` as well), so its peak, not theirs, starts the search.
+The search ends at a candidate the compiler leaves as the model has it (one under it recomputes
+at least as much by the model), or when the model's FLOPs of the next candidate reach the
+cheapest plan compiled.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from ._calibrate import Prepared
 from ._compile import peak_of
 from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution, solve
-from ._options import decode
 from ._search import CHECKS, STEP_BACK, above_floor
 
 # Compiled FLOPs this far above the model's are the compiler's own recomputation.
@@ -81,12 +81,10 @@ def below_own_recomputation(
         margin = know.margin or 0.0
         solution = solve(prep.nodes, ceiling, options=charged_options(prep, know),
                          fixed_bytes=prep.base + margin + tight, exclude=excluded,
-                         transient_weight=prep.weight, stored_weight=prep.stored,
-                         slice_weight=prep.slice, min_flops=above_floor(prep, above))  # fmt: skip
+                         **prep.weights, min_flops=above_floor(prep, above))  # fmt: skip
         if solution is None:
             break
-        choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
-                        prep.stored, prep.slice)  # fmt: skip
+        choice = prep.decode(solution)
         if step_flops(prep, choice) >= cost(prep, best):
             break  # the model's FLOPs alone reach the cheapest plan compiled
         excluded.append(solution)

@@ -150,7 +150,7 @@ def best_known(
         return None
     fewest = min(cost(prep, k) for k in fits) + max(prep.baseline.flops, 1.0) * EQUAL_FLOPS
     equal = [k for k in fits if cost(prep, k) <= fewest]
-    return min(equal, key=lambda k: (peak_of(k.measured), _per_layer(k.choice), cost(prep, k)))
+    return min(equal, key=lambda k: (peak_of(k.measured), per_layer(k.choice), cost(prep, k)))
 
 
 def saved_of(measured: Measurement) -> int:
@@ -172,5 +172,6 @@ def margins(prep: Prepared, know: Knowledge) -> list[float]:
     return out
 
 
-def _per_layer(choice: Choice) -> bool:
+def per_layer(choice: Choice) -> bool:
+    """Whether ``choice`` saves a set per layer in some scan (a ``pattern``)."""
     return any(s.pattern for s in choice.choices.values())

@@ -30,9 +30,8 @@ from typing import Any
 
 from .._core._strategy import PLANNABLE_NAMES, split_names
 from ._alone import check_alone
-from ._baseline import REFUSED
 from ._calibrate import Prepared
-from ._memo import Knowledge, Known, choice_key, cost, step_flops
+from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
 from ._milp import Solution
 from ._options import Choice, decode, fixed_solution
 
@@ -85,8 +84,7 @@ def named_choice(prep: Prepared, names: tuple[str, ...]) -> tuple[Solution, Choi
         for o, name in zip(options, names, strict=True)
     ]
     solution = _merged(parts)
-    choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
-                    prep.slice)  # fmt: skip
+    choice = prep.decode(solution)
     return solution, choice
 
 
@@ -207,8 +205,7 @@ def given_choice(prep: Prepared, strategy: str) -> tuple[Solution, Choice]:
             _NO_SUCH_NAME.format(got=strategy, names=", ".join(sorted(names)) or "none")
         )
     solution = _merged(parts)
-    choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
-                    prep.slice)  # fmt: skip
+    choice = prep.decode(solution)
     return solution, choice
 
 
@@ -217,25 +214,23 @@ def try_given(
     know: Knowledge,
     budget_bytes: int,
     strategies: tuple[str, ...],
-    best: Known | None,
     verify: Callable[[Any, Choice], None],
+    saved: int | None = None,
 ) -> None:
     """Compiles each of ``strategies`` (`given_choice`) not compiled before for the program,
     cheapest by the model first, skipping those whose model FLOPs are not below the cheapest
-    plan that fits (``best``, updated as they compile: the compiler only adds to what the
-    model counts). ``verify(key, choice)`` compiles and records one."""
+    plan that fits (`_memo.best_known`, with the cap ``saved`` on the bytes saved; updated as
+    they compile: the compiler only adds to what the model counts). ``verify(key, choice)``
+    compiles and records one."""
     chosen = sorted((given_choice(prep, s)[1] for s in strategies), key=lambda c: c.flops)
     for choice in chosen:
         key = choice_key(choice)
         if key in know.measured:
             continue
+        best = best_known(prep, know, budget_bytes, saved)
         if best is not None and step_flops(prep, choice) >= cost(prep, best):
             continue
         verify(key, choice)
-        known = know.measured[key]
-        fits = known.measured.peak_bytes <= budget_bytes and known.measured.peak_source != REFUSED
-        if fits and (best is None or cost(prep, known) < cost(prep, best)):
-            best = known
 
 
 def describe(prep: Prepared, choice: Choice) -> str:

@@ -39,7 +39,7 @@ from ._milp import Solution, solve
 from ._named import ahead as named_ahead
 from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
-from ._options import Choice, decode
+from ._options import Choice
 from ._perlayer import uniform_of
 from ._result import InfeasibleBudget, Plan, PlanStats
 from ._saved import smaller_as_cheap, within_saved
@@ -114,11 +114,10 @@ def plan_prepared(
     cap = None if saved is None else saved.to_bytes(saved_of(prep.baseline))
     if cap is not None:
         rounds += within_saved(prep, know, budget_bytes, cap, say, verify)
-    best = best_known(prep, know, budget_bytes, cap)
     if strategies:  # never dearer than a strategy the caller gives
         say("compiling the given strategies")
-        try_given(prep, know, budget_bytes, strategies, best, verify)
-        best = best_known(prep, know, budget_bytes, cap)
+        try_given(prep, know, budget_bytes, strategies, verify, cap)
+    best = best_known(prep, know, budget_bytes, cap)
     if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
@@ -197,8 +196,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
         say(f"solving (round {rounds + 1})")
         start = time.perf_counter()
         options = charged_options(prep, know)
-        weights = dict(transient_weight=prep.weight, stored_weight=prep.stored,
-                       slice_weight=prep.slice)  # fmt: skip
+        weights = prep.weights
         if pending is not None:
             solution, search_again = pending
         else:
@@ -219,8 +217,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                 break
             solution = _solution_of(prep, choice)
         else:
-            choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
-                            prep.stored, prep.slice)  # fmt: skip
+            choice = prep.decode(solution)
         rival = calibration_rival(prep, know, choice, budget_bytes)
         if rival is not None:  # a calibration point as cheap, predicted to fit: take it
             choice, solution = rival, _solution_of(prep, rival)
@@ -430,11 +427,9 @@ def _look_ahead(prep, know, budget_bytes, options, tight, excluded, above, after
     if after:
         solution = solve(prep.nodes, budget_bytes, options=options,
                          fixed_bytes=prep.base + (know.margin or 0.0) + tight, exclude=excluded,
-                         transient_weight=prep.weight, stored_weight=prep.stored,
-                         slice_weight=prep.slice, min_flops=above_floor(prep, above))  # fmt: skip
+                         **prep.weights, min_flops=above_floor(prep, above))  # fmt: skip
         if solution is not None:
-            cheaper = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
-                             prep.stored, prep.slice)  # fmt: skip
+            cheaper = prep.decode(solution)
             if choice_key(cheaper) not in know.measured:
                 pairs.append((solution, cheaper))
     compile_alone(prep, know, pairs)

@@ -23,9 +23,8 @@ from typing import Any
 
 from ._alone import charged_options, check_alone
 from ._calibrate import Prepared
-from ._memo import Knowledge, best_known, choice_key, cost, saved_of, step_flops
+from ._memo import Knowledge, best_known, choice_key, cost, per_layer, saved_of, step_flops
 from ._milp import Solution, solve
-from ._options import decode
 
 # Steps compiled, at most, looking for a plan within the cap on saved bytes.
 SAVED_ROUNDS = 4
@@ -43,17 +42,17 @@ def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: An
         return 0
     solution = solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
                      minimize="memory", max_flops=best.choice.flops * (1 + 1e-9) + 1.0,
-                     **_weights(prep))  # fmt: skip
+                     **prep.weights)  # fmt: skip
     if solution is None:
         return 0
-    choice = _decode(prep, solution)
+    choice = prep.decode(solution)
     if (
         choice_key(choice) in know.measured
         or choice.model_bytes >= best.choice.model_bytes - 1.0
         or step_flops(prep, choice) > cost(prep, best) * (1 + 1e-9)
     ):
         return 0
-    if _per_layer(choice) and not _per_layer(best.choice) and best.alone is not None:
+    if per_layer(choice) and not per_layer(best.choice) and best.alone is not None:
         # Its scans alone first: a per-layer step keeps more outside its scans than the
         # uniform one (`remat._trace._ends`), so one that keeps no less on them keeps more.
         alone, _ = check_alone(prep, know, solution, choice)
@@ -100,13 +99,13 @@ def outside_of(know: Knowledge, choice: Any = None) -> float:
     ``choice``'s kind (per-layer or uniform) whose model keeps the nearest bytes to it; the
     least of all without ``choice`` or where none is of its kind; 0 when none is known."""
     shown = [
-        (saved_of(k.measured) - k.choice.kept, _per_layer(k.choice), k.choice.kept)
+        (saved_of(k.measured) - k.choice.kept, per_layer(k.choice), k.choice.kept)
         for k in know.measured.values()
         if k.choice.kept > 0 and k.measured.residuals
     ]
     if choice is not None:
         same = [(abs(kept - choice.kept), v) for v, kind, kept in shown
-                if kind == _per_layer(choice)]  # fmt: skip
+                if kind == per_layer(choice)]  # fmt: skip
         if same:
             return min(same)[1]
     return min((v for v, _, _ in shown), default=0.0)
@@ -119,18 +118,5 @@ def _solve_within(prep, know, budget_bytes, saved, excluded, outside):
                      fixed_bytes=prep.base + (know.margin or 0.0), exclude=excluded,
                      max_saved=saved - outside,
                      option_saved=[c.option.bytes for c in prep.cands],
-                     **_weights(prep))  # fmt: skip
-    return None if solution is None else (solution, _decode(prep, solution))
-
-
-def _per_layer(choice: Any) -> bool:
-    return any(s.pattern for s in choice.choices.values())
-
-
-def _weights(prep: Prepared) -> dict[str, float]:
-    return dict(transient_weight=prep.weight, stored_weight=prep.stored, slice_weight=prep.slice)
-
-
-def _decode(prep: Prepared, solution: Solution) -> Any:
-    return decode(solution, prep.cands, prep.offsets, prep.models, prep.weight, prep.stored,
-                  prep.slice)  # fmt: skip
+                     **prep.weights)  # fmt: skip
+    return None if solution is None else (solution, prep.decode(solution))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ._alone import check_alone, compile_alone
 from ._calibrate import Prepared
-from ._memo import Knowledge, Known, best_known, choice_key, cost, step_flops
+from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
-from ._options import Choice, decode, fixed_solution
+from ._options import Choice, fixed_solution
 
 # Candidates checked alone per round before one is compiled whole.
 CHECKS = 4
@@ -84,13 +84,11 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             floor = above_floor(prep, above)
             solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
                              fixed_bytes=prep.base + margin + tight + back,
-                             exclude=excluded, transient_weight=prep.weight,
-                             stored_weight=prep.stored, slice_weight=prep.slice,
+                             exclude=excluded, **prep.weights,
                              min_flops=floor)  # fmt: skip
             if solution is None:
                 break
-            choice = decode(solution, prep.cands, prep.offsets, prep.models, prep.weight,
-                            prep.stored, prep.slice)  # fmt: skip
+            choice = prep.decode(solution)
             if step_flops(prep, choice) >= reference * (1 - 1e-9):
                 break  # nothing cheaper at this budget
             excluded.append(solution)
@@ -108,7 +106,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 break  # something cheaper still, higher up?
             if missed is not None:
                 missed.append((solution, choice, alone))
-            if not any(s.pattern for s in choice.choices.values()):
+            if not per_layer(choice):
                 # A per-layer candidate over the budget bounds nothing: its program keeps
                 # more than a uniform plan's (two loops, each with its own working set), so
                 # a uniform plan that recomputes less may still fit.
@@ -124,7 +122,7 @@ def _priced(prep, know, solution, choice, limit) -> float | None:
     of its save sets compiled alone (`_alone.priced_mix`; its option then charged from that
     price, as a check would), where that is more than `SURE` over or under ``limit`` (the
     scan-alone peak that fits); else None (and nothing charged)."""
-    if not any(s.pattern for s in choice.choices.values()):
+    if not per_layer(choice):
         return None
     charged = dict(know.option_extra)
     priced = check_alone(prep, know, solution, choice, priced=True)
@@ -171,8 +169,7 @@ def smaller_candidate(prep, know, solution, choice):
     tried = []
     for i in probes:
         probe_solution = fixed_solution(prep.cands, prep.offsets, [o], save=base | {i})
-        probe = decode(probe_solution, prep.cands, prep.offsets, prep.models, prep.weight,
-                       prep.stored, prep.slice)  # fmt: skip
+        probe = prep.decode(probe_solution)
         tried.append((probe_solution, probe))
     compile_alone(prep, know, [(solution, choice), *tried])  # at once, not one at a time
     best, (least, _) = None, check_alone(prep, know, solution, choice)

@@ -37,9 +37,8 @@ from .._measure._measurement import Measurement
 from .._measure._refusal import refusal_of
 from .._measure._step import Step
 from .._trace._rewrite import list_scans
-from .._trace._roll_detect import find_runs
 from .._trace._roll_explain import explain_no_roll
-from .._trace._roll_lift import lift_layer_constants
+from .._trace._roll_lift import lifted_runs
 from .._trace._roll_rewrite import roll_unscanned
 from ._calibrate import prepare
 from ._compile import compile_measure, peak_of
@@ -92,7 +91,7 @@ def plan_unrolled(
     if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     closed = jax.make_jaxpr(fn)(*args)
-    if not find_runs(lift_layer_constants(closed)):
+    if not lifted_runs(closed)[1]:
         name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
         raise ValueError(_NOTHING_ROLLS.format(name=name, why=explain_no_roll(closed)))
     say = progress or (lambda _: None)

@@ -6,8 +6,8 @@ import numpy as np
 from jax.extend import core as jcore
 
 from ._roll_dataflow import _Mismatch
-from ._roll_detect import _candidates, _search, _stretches, find_runs
-from ._roll_lift import lift_layer_constants
+from ._roll_detect import _candidates, _search, _stretches
+from ._roll_lift import lifted_runs
 from ._roll_tokens import _Tokens
 from ._scan_info import _source
 
@@ -51,8 +51,7 @@ def explain_no_roll(closed_jaxpr: jcore.ClosedJaxpr) -> str:
       >>> explain_no_roll(jax.make_jaxpr(lambda x: jnp.sin(x).sum())(jnp.ones(3)))
       'no repeated structure found: no sequence of equations repeats (2 equations)'
     """
-    closed_jaxpr = lift_layer_constants(closed_jaxpr)
-    runs = find_runs(closed_jaxpr)
+    closed_jaxpr, runs = lifted_runs(closed_jaxpr)
     if runs:
         layers = ", ".join(f"{r.length} layers at eqn {r.start}" for r in runs)
         return f"{len(runs)} run(s) roll: {layers}"

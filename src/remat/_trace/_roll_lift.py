@@ -20,6 +20,7 @@ from __future__ import annotations
 from jax import lax
 from jax.extend import core as jcore
 
+from ._roll_detect import Run, find_runs
 from ._roll_tokens import _is_lit
 
 _FOLD = "random_fold_in"
@@ -37,6 +38,25 @@ def _lifts(eqn) -> bool:
 def _value(v) -> object:
     val = v.val
     return val.item() if hasattr(val, "item") else val
+
+
+def lifted_runs(closed_jaxpr: jcore.ClosedJaxpr) -> tuple[jcore.ClosedJaxpr, list[Run]]:
+    """The program with its per-layer constants lifted (`lift_layer_constants`) and the runs
+    of repeated layers found in it (`find_runs`): rolling reads both from the lifted program.
+
+    Example:
+      >>> import jax
+      >>> from remat._trace._roll_lift import lifted_runs
+      >>> def f(key):
+      ...     for i in range(3):
+      ...         key = jax.checkpoint(lambda k: jax.random.fold_in(k, 7 + i))(key)
+      ...     return key
+      >>> closed, runs = lifted_runs(jax.make_jaxpr(f)(jax.random.key(0)))
+      >>> [(r.length, r.start) for r in runs]
+      [(3, 0)]
+    """
+    closed_jaxpr = lift_layer_constants(closed_jaxpr)
+    return closed_jaxpr, find_runs(closed_jaxpr)
 
 
 def lift_layer_constants(closed_jaxpr: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:

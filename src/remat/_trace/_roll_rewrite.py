@@ -44,8 +44,8 @@ from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
-from ._roll_detect import Run, find_runs
-from ._roll_lift import lift_layer_constants
+from ._roll_detect import Run
+from ._roll_lift import lifted_runs
 from ._scan_info import ScanInfo, walk
 from ._traced import _rewritten, _split_args, _trace
 
@@ -159,7 +159,8 @@ def roll_jaxpr(
 
     Args:
       closed_jaxpr: the program, e.g. from `jax.make_jaxpr`.
-      runs: the runs to roll, from `find_runs(closed_jaxpr)` (the default).
+      runs: the runs to roll, from `lifted_runs(closed_jaxpr)` (the default: the program's
+        per-layer constants lifted first, `_roll_lift`).
       path: where ``closed_jaxpr`` sits in the program the runs were found in (used when
         rolling inside a `jax.jit` sub-program).
 
@@ -178,8 +179,7 @@ def roll_jaxpr(
       ['iota', 'scan', 'reduce_sum']
     """
     if runs is None:
-        closed_jaxpr = lift_layer_constants(closed_jaxpr)
-        runs = find_runs(closed_jaxpr)
+        closed_jaxpr, runs = lifted_runs(closed_jaxpr)
     specs = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
         for a in closed_jaxpr.in_avals
@@ -229,8 +229,8 @@ def roll(fn: Callable[..., Any]) -> Callable[..., Any]:
         raise TypeError(_NOT_CALLABLE.format(got=fn))
 
     def evaluator(traced):
-        closed = lift_layer_constants(traced.jaxpr)
-        runs = tuple(find_runs(closed))
+        closed, runs = lifted_runs(traced.jaxpr)
+        runs = tuple(runs)
 
         def evaluate(*dynamic):
             return _evaluate(closed.jaxpr, closed.consts, dynamic, runs)
@@ -268,7 +268,7 @@ def list_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Run]:
       [(3, '3')]
     """
     leaves, treedef, _, _ = _split_args(args, kwargs)
-    return find_runs(lift_layer_constants(_trace(fn, leaves, treedef).jaxpr))
+    return lifted_runs(_trace(fn, leaves, treedef).jaxpr)[1]
 
 
 def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -301,8 +301,8 @@ def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
         if traced.scans:
             closed, runs = traced.jaxpr, ()
         else:
-            closed = lift_layer_constants(traced.jaxpr)
-            runs = tuple(find_runs(closed))
+            closed, runs = lifted_runs(traced.jaxpr)
+            runs = tuple(runs)
 
         def evaluate(*dynamic):
             return _evaluate(closed.jaxpr, closed.consts, dynamic, runs)
@@ -323,8 +323,7 @@ def rolled_scans(fn: Callable[..., Any], args, kwargs, check: bool = True) -> li
     traced = _trace(fn, leaves, treedef, check=check)
     if traced.scans:
         return list(traced.scans)
-    closed = lift_layer_constants(traced.jaxpr)
-    runs = find_runs(closed)
+    closed, runs = lifted_runs(traced.jaxpr)
     if not runs:
         return []
     scans: list[ScanInfo] = []

@@ -192,15 +192,16 @@ def rewrite(fn: Callable, choices: dict[int, ScanChoice]) -> Callable:
         choice = chosen(info)
         if choice is None:
             return None
-        flat = flatten(info.jaxpr)
-        nk = info.num_carry
-
-        def tagged(consts, carry, xs):
-            outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
-            return list(outs[:nk]), list(outs[nk:])
-
         if choice.kept_calls:
             tagged = tagged_body(info, (*(choice.names or ()), *choice.offload))
+        else:
+            flat = flatten(info.jaxpr)
+            nk = info.num_carry
+
+            def tagged(consts, carry, xs):
+                outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
+                return list(outs[:nk]), list(outs[nk:])
+
         if choice.pattern:
             return tagged  # checkpointed per position by `periodic_loop`
         if choice.schedule == "per_step":
