@@ -320,14 +320,14 @@ def _measure_step(
     if strategy is None:
         target, plain, label = fn, None, "none"
     else:
-        from .._trace._apply import apply, scans_as_written
+        from .._trace._apply import apply, counted_scans
 
         strategy_obj = as_strategy(strategy, "remat.measure")
         target = apply(fn, strategy_obj, roll=roll, override=override)
         plain, label = fn, strategy_obj.name
-    _check_scalar(target, args, spec.has_aux)
+    _check_scalar(target, args, spec.has_aux)  # traces `target` at `args`
     if strategy is not None:  # how many of its scans the strategy left as written
-        scans = scans_as_written(fn, strategy_obj, args, roll=roll, override=override)
+        scans = counted_scans(target) or (0, 0)
 
     step = grad_step(target, spec)
     start = time.perf_counter()

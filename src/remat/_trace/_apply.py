@@ -28,8 +28,7 @@ from ._rewrite import _NOT_CALLABLE, Body, _Interpreter, lax_loop
 from ._roll_explain import explain_no_roll
 from ._roll_rewrite import roll_unscanned
 from ._scan_info import ScanInfo, count, count_eqn, sub_jaxprs
-from ._state import has_nodes, lift, merged
-from ._traced import _rewritten, _trace, _Traced
+from ._traced import _rewritten, _Traced
 
 _NO_SCAN = (
     "`remat.apply` found no `scan` in {name}, so strategy {strategy!r} is applied to the whole "
@@ -187,12 +186,20 @@ def apply(
 
         return transform, loop
 
+    counted: list[tuple[int, int]] = []  # see `scans_as_written`
+
     def evaluator(traced: _Traced):
         closed = traced.jaxpr
         select = _selector(strategy, traced.scans, name)  # raises for a selection of nothing
         sites = () if override else checkpoint_sites(closed.jaxpr)
+        selected = [i for i in traced.scans if select(i)]
+        kept = _kept(traced, selected) if sites else []
         if sites:
-            _warn_kept(traced, select, sites, name, strategy)
+            _warn_kept(traced, kept, sites, name, strategy)
+        if traced.scans:
+            counted.append((len(selected) - len(kept), len(kept)))
+        else:
+            counted.append((0, 1) if sites else (1, 0))
         if not traced.scans:
             interp = _Interpreter(lambda info, body: None, lax_loop, {}, mode)
 
@@ -215,7 +222,9 @@ def apply(
 
         return evaluate
 
-    return _rewritten(traced_fn, evaluator)
+    rewritten = _rewritten(traced_fn, evaluator)
+    rewritten._remat_scans_counted = counted  # type: ignore[attr-defined]
+    return rewritten
 
 
 def scans_as_written(
@@ -231,7 +240,9 @@ def scans_as_written(
     leaves as the program wrote them (their own checkpoints kept, ``override=False``).
 
     A program without any scan (after rolling) counts as one: the whole function. A strategy
-    that rewrites nothing (``"none"``) gives ``(0, 0)``.
+    that rewrites nothing (``"none"``) gives ``(0, 0)``. The counts are those `apply`'s
+    rewrite recorded when it traced ``fn`` (`counted_scans`), so a caller that has already
+    traced the rewritten function at ``args`` asks `counted_scans` instead of tracing again.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -243,25 +254,24 @@ def scans_as_written(
       >>> scans_as_written(loss, "full", args), scans_as_written(loss, "full", args, override=True)
       ((0, 1), (1, 0))
     """
-    strategy = as_strategy(strategy, "remat.apply")
-    policy = resolve_policy(strategy.policy, "remat.apply")
-    if strategy.schedule == "none" or (policy is None and strategy.schedule == "per_step"):
-        return 0, 0
-    traced_fn, args = roll_unscanned(fn) if roll else fn, tuple(args)
-    nodes = has_nodes(args)
-    if nodes:  # nnx modules: traced on their state, as `_rewritten` does
-        args, _, _ = lift(args, {})
-        traced_fn = merged(traced_fn)
-    leaves, treedef = jax.tree_util.tree_flatten((args, {}))
-    traced = _trace(traced_fn, leaves, treedef, check=not nodes)
-    name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
-    select = _selector(strategy, traced.scans, name)
-    if not traced.scans:
-        kept = not override and bool(checkpoint_sites(traced.jaxpr.jaxpr))
-        return (0, 1) if kept else (1, 0)
-    selected = [i for i in traced.scans if select(i)]
-    kept = [] if override else _kept(traced, selected)
-    return len(selected) - len(kept), len(kept)
+    rewritten = apply(fn, strategy, roll=roll, override=override)
+    counts = counted_scans(rewritten)
+    if counts is not None:
+        return counts
+    with warnings.catch_warnings():  # `apply`'s own warnings are for when it is used
+        warnings.simplefilter("ignore", RematWarning)
+        jax.make_jaxpr(rewritten)(*args)
+    return counted_scans(rewritten) or (0, 0)
+
+
+def counted_scans(rewritten: Callable[..., Any]) -> tuple[int, int] | None:
+    """``(applied, as_written)`` for the last input structure ``rewritten`` (a function
+    `apply` returned) was traced at, or None before its first trace; ``(0, 0)`` when `apply`
+    had nothing to rewrite (it returned ``fn`` itself)."""
+    counted = getattr(rewritten, "_remat_scans_counted", None)
+    if counted is None:
+        return (0, 0)
+    return counted[-1] if counted else None
 
 
 def _kept(traced: _Traced, scans: Sequence[ScanInfo]) -> list[ScanInfo]:
@@ -272,9 +282,9 @@ def _kept(traced: _Traced, scans: Sequence[ScanInfo]) -> list[ScanInfo]:
     return [i for i in scans if i.position in covered or contains_checkpoint(i.jaxpr.jaxpr)]
 
 
-def _warn_kept(traced: _Traced, select, sites, name: str, strategy: Strategy) -> None:
-    """Warns that the program's own checkpoints were kept, and which scans they cover."""
-    kept = _kept(traced, [i for i in traced.scans if select(i)])
+def _warn_kept(traced: _Traced, kept, sites, name: str, strategy: Strategy) -> None:
+    """Warns that the program's own checkpoints were kept, and which scans (``kept``) they
+    cover."""
     if kept:
         listed = ", ".join(
             f"{i.position}" + (f" ({i.name})" if i.name else "")
