@@ -113,9 +113,15 @@ def test_explain_shows_which_layers_save_what(planned):
 
 
 def test_policy_says_what_to_use_instead(planned):
-    with pytest.raises(ValueError, match=r"`Plan.policy` cannot express.*remat.apply"):
+    with pytest.raises(ValueError, match=r"`Plan.policy` cannot express.*remat.apply") as err:
         planned.policy  # noqa: B018
     (scan,) = planned.scans
+    text = planned.explain(width=200)  # the same lines, in the same names, as explain's
+    lines = [line for line in text.splitlines() if "per layer: layers" in line]
+    assert lines
+    for line in lines:
+        said = line.split("per layer: ")[1].split("│")[0].strip()
+        assert said in str(err.value)
     for k, names in enumerate(scan.pattern):
         assert planned.position_policy(k).names == frozenset(names)
         assert planned.position_policy(k + len(scan.pattern)).names == frozenset(names)

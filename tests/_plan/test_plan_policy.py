@@ -211,3 +211,17 @@ def test_policy_is_hashable_survives_json_and_names_beat_operations(tmp_path):
     # with the suggested names added, `save_only_these_names` saves the same values
     names = sorted(v.name for s in plan.scans for v in s.saved if v.primitive != "carry")
     assert set(names) <= plan.policy.names
+
+
+def test_a_per_layer_plans_policy_error_names_values_as_the_program_does():
+    """The error of `Plan.policy` on a per-layer plan lists which layers save what in the
+    program's own `checkpoint_name`s, as `Plan.explain` does, not the planner's tags."""
+    from remat._plan._options import SavedValue, ScanPlan
+    from remat._plan._policy import plan_policy
+
+    up = SavedValue("remat_s0_e21", "name", (8, 4), "float32", 128, 2, None, user_name="up")
+    scan = ScanPlan(0, None, 4, "per_step", ("remat_s0_e21",), (up,), 0.0,
+                    pattern=((), ("remat_s0_e21",)))  # fmt: skip
+    with pytest.raises(ValueError, match=r"layers 0,2 save nothing; layers 1,3 save \{up\}"):
+        plan_policy([scan])
+    assert plan_policy([scan], position=1).names == frozenset({"remat_s0_e21", "up"})

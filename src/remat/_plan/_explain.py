@@ -59,9 +59,9 @@ def plan_table(plan: Any) -> Group:
         pattern = getattr(scan, "pattern", ())
         if pattern:  # which layers save what
             from ._perlayer import describe
+            from ._policy import saved_label
 
-            label = {v.name: v.user_name or v.name for v in scan.saved}
-            for line in describe(pattern, scan.length, lambda n, label=label: label.get(n, n)):
+            for line in describe(pattern, scan.length, saved_label(scan)):
                 table.add_row(f"per layer: {line}", "", "", "", "")
         for name in getattr(scan, "offloaded", ()):
             table.add_row(name, "(offloaded to host memory)", "", "", "")

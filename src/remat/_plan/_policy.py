@@ -25,6 +25,7 @@ each group, for a pattern shorter than the scan).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from ._costmodel import operand_text
@@ -102,7 +103,9 @@ def plan_policy(scans: Any, position: int | None = None) -> PlanPolicy:
     if patterned and position is None:
         from ._perlayer import describe
 
-        lines = "; ".join(line for s in patterned for line in describe(s.pattern, s.length))
+        lines = "; ".join(
+            line for s in patterned for line in describe(s.pattern, s.length, saved_label(s))
+        )
         where = ", ".join(str(s.position) for s in patterned)
         raise ValueError(
             _PER_LAYER.format(scans=f"scan(s) {where} save", lines=lines, how=how_to_run(scans))
@@ -123,6 +126,12 @@ def plan_policy(scans: Any, position: int | None = None) -> PlanPolicy:
             elif v.operands:
                 operations.add((v.primitive, tuple(v.operands)))
     return PlanPolicy(frozenset(names), frozenset(operations))
+
+
+def saved_label(scan: Any) -> Callable[[str], str]:
+    """A saved value's name as the user wrote it (its `checkpoint_name`), else the planner's."""
+    label = {v.name: v.user_name or v.name for v in scan.saved}
+    return lambda name: label.get(name, name)
 
 
 def unnamed(scans: Any) -> list[tuple[int, Any]]:
