@@ -95,7 +95,9 @@ def plan_row(loss, args, budget, optimizer) -> dict:
         p = remat.plan(loss, *args, budget=budget, optimizer=optimizer, verbose=False)
     except remat.InfeasibleBudget as err:
         return dict(infeasible=True, seconds=time.perf_counter() - start,
-                    smallest=err.smallest_peak_bytes, budget=err.budget_bytes)  # fmt: skip
+                    smallest=err.smallest_peak_bytes, budget=err.budget_bytes,
+                    # Settled without compiling more (`remat._plan._settled`): the least predicted.
+                    least_predicted=err.predicted_peak_bytes)  # fmt: skip
     return dict(
         infeasible=False,
         seconds=time.perf_counter() - start,
@@ -264,9 +266,11 @@ def plan_cells(row: dict, compile_s: float | None) -> list[str]:
     if "error" in row:
         return ["error: " + row["error"][:80]] + [""] * 6
     if row["infeasible"]:
-        return [f"infeasible (smallest {gib(row['smallest'])} GiB)", f"{row['seconds']:.0f}"] + [
-            ""
-        ] * 5
+        least = row.get("least_predicted")
+        settled = "" if least is None else f"; none predicted under {gib(least)}"
+        ratio = f" ({row['seconds'] / compile_s:.1f}×)" if compile_s else ""
+        return [f"infeasible (smallest compiled {gib(row['smallest'])} GiB{settled})",
+                f"{row['seconds']:.0f}{ratio}"] + [""] * 5  # fmt: skip
     ratio = f" ({row['seconds'] / compile_s:.1f}×)" if compile_s else ""
     return [
         f"{gib(row['budget'])}",
@@ -301,19 +305,21 @@ def preset_rows(result: dict) -> list[list[str]]:
     rows = []
     for name, r in result["presets"].items():
         if "error" in r:
-            rows.append([name, "error", r["error"][:80], "", "", "", "", ""])
+            rows.append([name, "error", r["error"][:80]] + [""] * 8)
             continue
         for preset, p in r["presets"].items():
             plan = p["plan"]
             if plan.get("infeasible", True):
-                rows.append([name, preset, gib(p["peak"]), "infeasible", "", "", "", ""])
+                rows.append([name, preset, gib(p["peak"]), "infeasible"] + [""] * 7)
                 continue
             rows.append([
-                name, preset, gib(p["peak"]),
+                name, preset, gib(p["peak"]), gib(plan["predicted"]),
                 gib(plan["compiled"]) + (" (calls kept)" if plan.get("kept_calls") else ""),
+                err(plan),
                 "yes" if plan["compiled"] <= p["peak"] else "NO",
-                f"{plan['flops'] / p['flops']:.3f}",
+                f"{plan['flops'] / p['flops']:.4f}",
                 "yes" if plan["flops"] <= p["flops"] * (1 + 1e-9) else "NO",
+                f"{plan['step_compiles']} + {plan['scan_compiles']}",
                 f"{plan['seconds']:.0f}",
             ])  # fmt: skip
     return rows
@@ -471,10 +477,13 @@ def markdown(result: dict, seconds: float) -> str:
                     "model",
                     "preset",
                     "preset peak GiB",
+                    "predicted GiB",
                     "plan GiB",
+                    "error",
                     "fits",
                     "FLOPs × preset",
                     "FLOPs ≤ preset",
+                    "step + scan compiles",
                     "plan s",
                 ],
                 preset_rows(result),
