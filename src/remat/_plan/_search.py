@@ -113,16 +113,19 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             pairs.append((choice, alone))
             if missed is not None:
                 missed.append((solution, choice, alone))
-            if not per_layer(choice):
+            excess = alone + margin - spread - budget_bytes * (1 + band)
+            erred = error_spread(prep, pairs)
+            if not per_layer(choice) and excess > erred:
                 # A per-layer candidate over the budget bounds nothing: its program keeps
                 # more than a uniform plan's (two loops, each with its own working set), so
-                # a uniform plan that recomputes less may still fit.
+                # a uniform plan that recomputes less may still fit. One over by less than
+                # the model's error has differed leaves its tier open: another save set of
+                # the same FLOPs, on which the model errs more, may fit.
                 above = solution.recompute_flops
                 # ... and steps the model back by its excess beyond ``spread`` and the model's
                 # error spread: the next candidate the model puts less than that under this
                 # one would be over too.
-                sure = spread + error_spread(prep, pairs)
-                back += max(0.0, alone + margin - sure - budget_bytes * (1 + band))
+                back += excess - erred
     return found
 
 
