@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._alone import check_alone
+from ._alone import check_alone, compile_alone
+from ._baseline import REFUSED
 from ._memo import Knowledge, margins
 from ._named import named_choices
 
@@ -37,11 +38,16 @@ def surely_over(prep: Any, know: Knowledge, budget_bytes: int, alone: float) -> 
       >>> _settled.surely_over(N(scan_fits=(1,)), know, 100, alone=500.0) is None
       True
     """
-    if not prep.scan_fits or not any(k.alone is not None for k in know.measured.values()):
+    verified = [
+        k
+        for k in know.measured.values()
+        if k.alone is not None and k.measured.peak_source != REFUSED
+    ]
+    if not prep.scan_fits or not verified:
         return None
     shown = margins(prep, know)
     least_margin = 2 * min(shown) - max(shown)  # the least measured, less their spread
-    least = alone
-    for _, solution, choice in named_choices(prep):
-        least = min(least, check_alone(prep, know, solution, choice)[0])
+    named = [(solution, choice) for _, solution, choice in named_choices(prep)]
+    compile_alone(prep, know, named)  # at once, not one at a time
+    least = min([alone] + [check_alone(prep, know, s, c)[0] for s, c in named])
     return int(least + least_margin) if least + least_margin > budget_bytes else None
