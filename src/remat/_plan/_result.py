@@ -38,7 +38,8 @@ _INFEASIBLE = (
 _PREDICTED = (
     " No plan is predicted under {predicted} ({predicted_bytes} bytes: the least-memory plan "
     "and the named strategies, their scans compiled alone, with the least memory outside the "
-    "scans any compiled plan showed less how far those differed), so nothing more was compiled."
+    "scans any compiled plan showed less how far those differed), so nothing more was "
+    "compiled; a budget between the two is planned by compiling candidates."
 )
 
 _SAVED_INFEASIBLE = (
