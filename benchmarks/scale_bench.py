@@ -383,7 +383,7 @@ one compile included, is inflated, and the ratios are not an idle machine's.
 - Prediction: the first plan's predicted peak is within 3% of the compiled one at every size
   and every trend point: 1B -1.1%, 8B -1.3%, 70B 0.0% (1153.49 GiB predicted and
   compiled), 8/32/80 layers -0.2/-0.0/-2.2%, d_model 512/1024/2048 -0.0/-0.2/-0.0%, the
-  mesh -1.2%; every feasible re-plan within 0.3%. At the presets' budgets (the error
+  mesh -1.2%; every feasible re-plan within 0.4%. At the presets' budgets (the error
   column of that table) every plan is within 1.1% but two at 1B: `save_out_proj` and
   `full` return the same plan, predicted 33.63 GiB and compiled 32.55 (+3.3%, 3.2% under
   `save_out_proj`'s budget). It was predicted with the memory outside the scans learnt on
@@ -398,7 +398,7 @@ one compile included, is inflated, and the ratios are not an idle machine's.
   The step's peak is predicted by phase (`remat._plan._phases`). 80 layers' -2.2% is XLA
   converting the last 1.25 GiB stack to float32 at the loss head in the plan's step (not in
   the un-checkpointed one).
-- Shapes alone: planner RSS 0.54-0.67 GiB, 0.59 GiB at 70B (target under 2 GiB: met).
+- Shapes alone: planner RSS 0.50-0.67 GiB, 0.59 GiB at 70B (target under 2 GiB: met).
 - At the MaxText presets' own peaks: every plan fits (24 of 24). FLOPs no more than the
   preset's in 22 of 24 (target: all; 21 in the run before): all eight at 1B
   (0.886-1.000x), seven of eight at 8B and at 70B. New: 70B
