@@ -1,14 +1,15 @@
 """A re-plan against a fresh plan: the un-checkpointed Llama decoder (`scale_bench.MODELS`,
 from shapes, bf16 on float32 weights, Adam) planned at MaxText preset ``--first``'s compiled
 peak, then at ``--then``'s in the same process (a re-plan: it starts from what the first plan
-learnt, the memory outside the scans included), then at ``--then``'s again after
+learnt, the memory outside the scans included; ``--then a,b,c`` re-plans at each in turn, as
+`scale_bench`'s presets row does), then at the last ``--then``'s again after
 `remat._plan._memo.forget` (a fresh plan). Prints, per plan, the compiled and predicted peak,
 the FLOPs against the preset's, the step and scan-alone compiles and the memory outside the
 scans each measured point showed (`_memo.margins`).
 
 Usage:
   PYTHONPATH=src python benchmarks/replan_bench.py [--model Llama-3-8B] [--seq 4096]
-      [--first minimal] [--then save_dot_with_context_except_mlp]
+      [--first minimal] [--then save_dot_with_context_except_mlp[,save_out_proj,...]]
 
 Timings are wall-clock seconds on a shared machine (the load average is printed).
 """
@@ -46,7 +47,8 @@ def main() -> None:
     loss, args = decoder_shapes(None, sizes)
     print(f"{a.model}, sequence {a.seq}; load {os.getloadavg()}", flush=True)
     presets = {}
-    for name in (a.first, a.then):
+    then = a.then.split(",")
+    for name in (a.first, *then):
         ploss, pargs = decoder_shapes(PRESETS[name], sizes)
         compiled = lower_step(ploss, pargs, as_step(Step(0, False, opt))).compile()
         presets[name] = peak_bytes(compiled), hlo_flops(compiled.as_text())
@@ -71,9 +73,10 @@ def main() -> None:
 
     _memo.forget()
     row("first", a.first)
-    row("re-plan", a.then)
+    for name in then:
+        row("re-plan", name)
     _memo.forget()
-    row("fresh", a.then)
+    row("fresh", then[-1])
 
 
 if __name__ == "__main__":

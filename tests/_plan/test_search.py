@@ -1,10 +1,13 @@
 """The search for cheaper candidates on the scans alone (`_search.cheaper_candidate`): a
 candidate found over the budget rules out its FLOPs tier and steps the model back by its
-excess, so that the next candidate checked recomputes more and is predicted smaller."""
+excess beyond how far the model's error has differed between the candidates checked
+(`_spread.error_spread`), so that the next candidate checked recomputes more and is predicted
+smaller, and one the model errs on less is still checked."""
 
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace as N
 
 import pytest
 
@@ -43,6 +46,7 @@ def test_a_candidate_over_the_budget_rules_out_its_tier_and_steps_the_model_back
     real_solve = _search.solve
     monkeypatch.setattr(_search, "check_alone", check_alone)
     monkeypatch.setattr(_search, "solve", solve)
+    monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)  # the model errs alike
     found = _search.cheaper_candidate(
         prep, know, budget, prep.options, 0.0, [], reference=10 * prep.baseline.flops
     )
@@ -56,6 +60,77 @@ def test_a_candidate_over_the_budget_rules_out_its_tier_and_steps_the_model_back
         [prep.base + margin + n * EXCESS for n, _ in fixed]
     )
     assert fixed[-1][0] == len(checked)
+
+
+def _candidate(name, flops, model):
+    """A fake candidate saving ``name``: ``flops`` recomputed, ``model`` bytes by the model."""
+    scan = N(names=(name,), offload=(), schedule="per_step", pattern=(), kept_calls=False)
+    choice = N(choices={0: scan}, flops=flops, model_bytes=model)
+    return N(recompute_flops=flops, choice=choice)
+
+
+def _search_fake(monkeypatch, cands, alone, seen_alone):
+    """`cheaper_candidate` at a budget of 1000 bytes over the fake ``cands`` (the cheapest
+    that the model puts within a level is solved for), each checked alone at ``alone[name]``,
+    from a plan of 30 FLOPs the model puts at 990 and its scans alone at ``seen_alone``.
+    Returns what it found and the names checked, in order."""
+    plan = _candidate("plan", 30.0, 990.0)
+    prep = N(baseline=N(flops=100.0, num_devices=1), base=0.0, nodes=(), weights={},
+             decode=lambda solution: solution.choice)  # fmt: skip
+    checked = []
+
+    def solve(nodes, budget, fixed_bytes, exclude, min_flops, options):  # the cheapest that fits
+        fits = [c for c in cands
+                if all(c is not e for e in exclude)
+                and (min_flops is None or c.recompute_flops >= min_flops)
+                and c.choice.model_bytes + fixed_bytes <= budget]  # fmt: skip
+        return min(fits, key=lambda c: c.recompute_flops, default=None)
+
+    def check_alone(prep_, know_, solution, choice):
+        checked.append(choice.choices[0].names[0])
+        return alone[checked[-1]], False
+
+    monkeypatch.setattr(_search, "solve", solve)
+    monkeypatch.setattr(_search, "check_alone", check_alone)
+    found = _search.cheaper_candidate(prep, N(margin=0.0, measured={}), 1000, None, 0.0, [plan],
+                                      reference=130.0, band=0.0, seen=(plan.choice, seen_alone),
+                                      missed=[])  # fmt: skip
+    return found, checked
+
+
+@pytest.mark.parametrize("alike", [False, True])
+def test_a_candidate_the_model_errs_on_less_is_checked_past_one_found_over(monkeypatch, alike):
+    """Budget 1000 bytes, nothing outside the scans. The plan found (``seen``) recomputes 30
+    FLOPs; A (10 FLOPs) is put 1035 by the model and 1100 by its scans alone (the model 65
+    under), P (20 FLOPs) 1045 by the model and 995 alone (it fits). A, checked first at 4%
+    above the budget, is over by 100. Where the model erred by 0 on the plan found, the
+    errors differ by 65: the model steps back by 100 - 65 = 35, and at 8% above the budget
+    P (1045 + 35 <= 1080) is checked and found. Where it erred by 65 on the plan found too
+    (``alike``), the model steps back by the whole 100 and P is never checked."""
+    a, p = _candidate("a", 10.0, 1035.0), _candidate("p", 20.0, 1045.0)
+    found, checked = _search_fake(monkeypatch, [a, p], {"a": 1100.0, "p": 995.0},
+                                  990.0 + (65.0 if alike else 0.0))  # fmt: skip
+    if alike:
+        assert found is None and checked == ["a"]
+    else:
+        assert found == (p, p.choice, 995.0) and checked == ["a", "p"]
+
+
+def test_a_candidate_over_by_less_than_the_model_has_erred_leaves_its_tier_open(monkeypatch):
+    """As above, but the model erred by -150 on the plan found, so A, over by 100, is within
+    the errors' spread (215): its tier stays open, and T, another save set of A's 10 FLOPs
+    that the model puts at 1036 and that fits alone, is checked next and found (with A's
+    tier closed, the next is P, dearer). A second candidate over in a tier closes it: A2,
+    of the same FLOPs and over too, leaves the search to P."""
+    a, p = _candidate("a", 10.0, 1035.0), _candidate("p", 20.0, 1045.0)
+    t, a2 = _candidate("t", 10.0, 1036.0), _candidate("a2", 10.0, 1035.5)
+    found, checked = _search_fake(monkeypatch, [a, t, p], {"a": 1100.0, "t": 990.0, "p": 995.0},
+                                  840.0)  # fmt: skip
+    assert found == (t, t.choice, 990.0) and checked == ["a", "t"]
+    found, checked = _search_fake(
+        monkeypatch, [a, a2, t, p], {"a": 1100.0, "a2": 1100.0, "t": 990.0, "p": 995.0}, 840.0
+    )
+    assert found == (p, p.choice, 995.0) and checked == ["a", "a2", "p"]
 
 
 def test_the_rounds_look_above_the_tier_of_a_candidate_found_over(prepared, monkeypatch):

@@ -35,6 +35,13 @@ _INFEASIBLE = (
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
 
+_PREDICTED = (
+    " No plan is predicted under {predicted} ({predicted_bytes} bytes: the least-memory plan "
+    "and the named strategies, their scans compiled alone, with the least memory outside the "
+    "scans any compiled plan showed less how far those differed), so nothing more was "
+    "compiled; a budget between the two is planned by compiling candidates."
+)
+
 _SAVED_INFEASIBLE = (
     "`remat.plan` found no plan within budget {budget} ({budget_bytes} bytes) that saves at "
     "most saved={saved} ({saved_bytes} bytes for the backward pass): the least any plan it "
@@ -74,6 +81,10 @@ class InfeasibleBudget(ValueError):
       smallest_saved_bytes: with `remat.plan`'s ``saved=`` cap, when plans fit the budget
         but none within the cap, the fewest bytes one of them saves (``smallest_peak_bytes``
         is then that plan's peak). None otherwise.
+      predicted_peak_bytes: when the planner settled the budget without compiling more (the
+        least memory it knows predicted over it, beyond how far its predictions of the memory
+        outside the scans have differed on the plans it compiled), that least predicted peak;
+        ``smallest_peak_bytes`` is then the smallest peak compiled before. None otherwise.
     """
 
     __module__ = "remat"  # printed in tracebacks as remat.InfeasibleBudget, its public name
@@ -88,6 +99,7 @@ class InfeasibleBudget(ValueError):
         strategy: str | None = None,
         floor: int | None = None,
         saved: tuple[Any, int, int] | None = None,
+        predicted: int | None = None,
     ):
         if saved is not None:  # (as given, the cap in bytes, the fewest bytes a plan saved)
             text = _SAVED_INFEASIBLE.format(
@@ -112,12 +124,16 @@ class InfeasibleBudget(ValueError):
                 baseline=format_bytes(baseline),
                 strategy="" if strategy is None else f", measured with {strategy}",
             )
+            if predicted is not None:
+                text += _PREDICTED.format(predicted=format_bytes(predicted),
+                                          predicted_bytes=predicted)  # fmt: skip
         super().__init__(text)
         self.floor_bytes = floor
         self.smallest_saved_bytes = None if saved is None else saved[2]
         self.strategy = strategy
         self.budget_bytes = budget_bytes
         self.smallest_peak_bytes = smallest
+        self.predicted_peak_bytes = predicted
         self.baseline_peak_bytes = baseline
 
 

@@ -56,8 +56,10 @@ from ._search import (
     seen_in,
     smaller_candidate,
 )
+from ._settled import surely_over
+from ._spread import checked as checked_alone
+from ._spread import error_spread, within_spread
 from ._spread import spread as memory_spread
-from ._spread import within_spread
 
 # Rounds that compile the whole step, when a plan that fits is known by then.
 ROUNDS = 2
@@ -100,7 +102,7 @@ def plan_prepared(
     # Uniform plans first, verified; per-layer ones then compete only against the best of
     # them (`_per_layer`), so a per-layer plan is never dearer than the uniform plan.
     uniform = uniform_of(prep)
-    rounds, solve_seconds = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say)
+    rounds, solve_seconds, settled = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say)
     # A plan the compiler made dearer than the model (its own recomputation): compiled
     # candidates under it compete by their compiled FLOPs (`_dearer`).
     rounds += below_own_recomputation(uniform, know, budget_bytes, say, _verify)
@@ -118,7 +120,7 @@ def plan_prepared(
         say("compiling the given strategies")
         try_given(prep, know, budget_bytes, strategies, verify, cap)
     best = best_known(prep, know, budget_bytes, cap)
-    if named_wanted(prep, know, best, budget_bytes):  # never worse than a named strategy
+    if settled is None and named_wanted(prep, know, best, budget_bytes):  # never worse than one
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
                   lambda key, choice, alone: _verify(prep, know, key, choice,
@@ -148,6 +150,7 @@ def plan_prepared(
         raise InfeasibleBudget(
             budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
             strategy=None if least is None else describe(prep, least.choice),
+            predicted=settled,
         )  # fmt: skip
     return Plan(
         fn=_rewrite(prep, best.choice),
@@ -168,10 +171,11 @@ def plan_prepared(
     )
 
 
-def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, float]:
+def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, float, int | None]:
     """The rounds of the module docstring with ``prep``'s options (uniform ones: see
-    `uniform_of`); every plan compiled is recorded in ``know``. Returns the rounds run and the
-    seconds spent solving."""
+    `uniform_of`); every plan compiled is recorded in ``know``. Returns the rounds run, the
+    seconds spent solving, and the least peak predicted where that settles the budget as
+    infeasible without a compile (`_settled.surely_over`), else None."""
     solve_seconds = 0.0
     rounds = 0
     tight = 0.0
@@ -253,13 +257,20 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                     checks += 1
                     excluded.append(solution)
                     missed.append((solution, choice, alone))
-                    spread = memory_spread(prep, know, first_margin)  # the excess is sure past it
+                    # The excess is sure past the spreads of the memory outside the scans and
+                    # of the model's error (`_spread`).
+                    spread = memory_spread(prep, know, first_margin)
+                    spread += error_spread(prep, checked_alone(know, missed))
                     tight += max(0.0, predicted - spread - budget_bytes)
                     tight += STEP_BACK * budget_bytes
                     above = max(above or 0.0, solution.recompute_flops)
                     continue
                 if best_known(prep, know, budget_bytes) is not None:
                     break  # predicted over, and a plan that fits is known: no round for it
+            if smallest and not looked:  # nothing fits the model: settled without a compile?
+                settled = surely_over(prep, know, budget_bytes, alone)
+                if settled is not None:
+                    return rounds, solve_seconds, settled
             if not smallest and not looked:  # the step is compiled once per candidate
                 searched = True
                 say("looking for a cheaper plan on the scans alone")
@@ -313,7 +324,7 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
         elif smallest:
             break  # the least memory the model knows is over: nothing smaller to try
     rounds += within_spread(prep, know, budget_bytes, missed, first_margin, say, _verify)
-    return rounds, solve_seconds
+    return rounds, solve_seconds, None
 
 
 def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> int:

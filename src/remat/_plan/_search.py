@@ -14,6 +14,8 @@ from ._calibrate import Prepared
 from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, fixed_solution
+from ._spread import checked as checked_alone
+from ._spread import error_spread
 
 # Candidates checked alone per round before one is compiled whole.
 CHECKS = 4
@@ -61,7 +63,12 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     the scans is known only once a plan is verified). Each candidate checked alone and
     predicted over is appended to ``missed`` (a list, if given) as ``(solution, choice,
     scan-alone prediction)``; ``spread`` is how far the memory outside the scans has differed
-    between the points measured: the model steps back only by an excess beyond it. Without
+    between the points measured: the model steps back only by an excess beyond it, and beyond
+    how far the model's error has differed between the candidates checked alone
+    (`_spread.error_spread`: those ``know`` measured, ``missed``, ``seen`` and this search's),
+    so that a candidate the model errs on less than on the one over is still checked; the
+    first candidate of a FLOPs tier over by less than that error spread leaves its tier open
+    (another save set of the same FLOPs may fit), a second closes it. Without
     ``missed`` (the per-layer search), a per-layer candidate that two mixes of its save sets
     checked before price more than `SURE` from the budget is not compiled (`_priced`).
     """
@@ -75,6 +82,8 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
         if error > 0:
             levels |= {error + r for r in RELAX}
     excluded = list(excluded)
+    pairs = checked_alone(know, missed or []) + ([] if seen is None else [seen])
+    opened = None  # the recompute FLOPs of a tier left open by a candidate over
     checks = 0
     found = None
     back = 0.0  # bytes the model is stepped back by the candidates found over
@@ -104,17 +113,33 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 found = solution, choice, alone
                 reference = step_flops(prep, choice)
                 break  # something cheaper still, higher up?
+            pairs.append((choice, alone))
             if missed is not None:
                 missed.append((solution, choice, alone))
-            if not per_layer(choice):
+            excess = alone + margin - spread - budget_bytes * (1 + band)
+            erred = error_spread(prep, pairs)
+            tier = solution.recompute_flops
+            if not per_layer(choice) and (excess > erred or _same_tier(prep, tier, opened)):
                 # A per-layer candidate over the budget bounds nothing: its program keeps
                 # more than a uniform plan's (two loops, each with its own working set), so
-                # a uniform plan that recomputes less may still fit.
-                above = solution.recompute_flops
-                # ... and steps the model back by its excess beyond ``spread``: the next
-                # candidate the model puts less than that under this one would be over too.
-                back += max(0.0, alone + margin - spread - budget_bytes * (1 + band))
+                # a uniform plan that recomputes less may still fit. The first one of its
+                # tier over by less than the model's error has differed leaves the tier
+                # open (`opened`): another save set of the same FLOPs, on which the model
+                # errs more, may fit; a second closes it (they differ in values that cost
+                # no FLOPs, and compile alike).
+                above = tier
+                # ... and steps the model back by its excess beyond ``spread`` and the model's
+                # error spread: the next candidate the model puts less than that under this
+                # one would be over too.
+                back += max(0.0, excess - erred)
+            elif not per_layer(choice):
+                opened = tier
     return found
+
+
+def _same_tier(prep: Prepared, flops: float, other: float | None) -> bool:
+    """Whether recompute FLOPs ``flops`` and ``other`` are one tier (`FLOOR_STEP`)."""
+    return other is not None and abs(flops - other) < FLOOR_STEP * prep.baseline.flops
 
 
 def _priced(prep, know, solution, choice, limit) -> float | None:
