@@ -58,6 +58,10 @@ from .._core._dtypes import is_float
 
 # The largest period offered: the group body holds this many copies of the layer.
 MAX_PERIOD = 8
+# True: a save set per layer whose sets nest runs in one loop each way
+# (`remat._trace._one_loop`: fewer loop bodies to compile, a higher peak); False, the
+# planner's form: `segments` (`benchmarks/perlayer_compile.py` compares the two).
+ONE_LOOP = False
 
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
@@ -211,8 +215,11 @@ def periodic_loop(
         ys = [jnp.stack([outs[k][j] for k in range(g)]) for j in range(len(outs[0]))]
         return carry, ys
 
-    if g == length:  # a save set per layer: a scan per run of equal sets
-        return segments(body, pattern, consts, init, xs, reverse, head)
+    if g == length:  # a save set per layer: one loop if the sets nest, else a scan per run
+        from ._one_loop import one_loop
+
+        out = one_loop(body, pattern, consts, init, xs, reverse, head) if ONE_LOOP else None
+        return segments(body, pattern, consts, init, xs, reverse, head) if out is None else out
     if head is not None:
         init = head(*init)
     carry, ys = jax.lax.scan(group, list(init), grouped, length=length // g, reverse=reverse)
