@@ -46,6 +46,10 @@ import numpy as np
 
 from .._core._flop_tags import branch_scope
 from ._taps import tapped
+from ._vjp_order import after as _after
+from ._vjp_order import floating as _floating
+from ._vjp_order import tie_one as _tie_one
+from ._vjp_order import zero_cotangent as _zero_cotangent
 
 
 def chain(pattern: Sequence[Sequence[str]]) -> list[tuple[str, ...]] | None:
@@ -119,14 +123,12 @@ def one_loop(
       pattern: the names each layer saves, one entry per layer.
       consts, init, xs, reverse, head: as `segments` takes them.
     """
-    from ._periodic import _after, _floating, _tie_one, _zero_cotangent, policies
-
     sets = chain(pattern)
     if sets is None or len(sets) == 1:
         return None
     length = len(pattern)
     level = np.array([sets.index(tuple(sorted(p))) for p in pattern], np.int32)
-    (policy,) = policies([sets[-1]])
+    policy = jax.checkpoint_policies.save_only_these_names(*sets[-1])
     layer = jax.checkpoint(lambda carry, consts, x: body(consts, carry, x), policy=policy,
                            prevent_cse=False)  # fmt: skip
     specs = [_spec(a[0]) for a in xs]
