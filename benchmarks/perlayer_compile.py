@@ -79,7 +79,8 @@ def interleaved(fns: dict[str, tuple], args, options, repeats: int) -> dict[str,
     labels = list(fns)
     for r in range(repeats):
         for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
-            out[label].append(compile_once(*fns[label], args, options)[:2])
+            fn, one_loop = fns[label]
+            out[label].append(compile_once(fn, args, options, one_loop)[:2])
     return out
 
 
@@ -99,7 +100,9 @@ def planned(loss, args, budgets, repeats) -> tuple[list[list[str]], dict]:
         pattern = "; ".join(str([len(n) for n in s.pattern]) for s in got[True].scans
                             if s.pattern) or "uniform"  # fmt: skip
         for name, options in OPTIONS.items():
-            t = interleaved({"u": (got[False].fn,), "p": (got[True].fn,)}, args, options, repeats)
+            t = interleaved(
+                {"u": (got[False].fn, False), "p": (got[True].fn, False)}, args, options, repeats
+            )
             cpu = {k: [c for _, c in v] for k, v in t.items()}
             wall = {k: statistics.median(w for w, _ in v) for k, v in t.items()}
             pairs = [p / u for u, p in zip(cpu["u"], cpu["p"], strict=True)]
@@ -203,7 +206,28 @@ INTRO = (
     "\"planner's\" is the planner's own verification compile "
     "(`COMPILER_OPTIONS`: LLVM's optimisation off)."
 )
-OUTRO = ""
+OUTRO = (
+    "Where the time goes: a plan whose layers save two sets runs as segments (one loop per "
+    "run of layers saving one set; XLA removes the loop of a lone layer and inlines it), so "
+    "XLA compiles a second copy of the layer, forward and backward; a plan with one set in "
+    "every layer as segments (chosen for its smaller peak at equal FLOPs) costs only the "
+    "segments' custom VJP. The forms table has the save sets of the last budget's plan: the "
+    "plain scan with the larger set in every layer compiles within about 1.1x of the uniform "
+    "plan, the second set is what costs. The one-loop form (`remat._trace._one_loop`, for "
+    "sets that nest, as the planner's do: one forward and one backward body for all layers, "
+    "a layer saving less recomputing in a `lax.switch` what it did not keep and writing it "
+    "into a slot already read) compiles in less, but peaks higher, and can recompute more: "
+    "a loop holds its buffers to its end, so that layer's recomputation is live beside every "
+    "other layer's values, where segments run it once the other run's values are freed; "
+    "and what the switch recomputes is not shared with the recomputation of the VJP after "
+    "it (on the GPT a matmul runs in both). The planner keeps segments. Tried and not kept: one forward loop with a backward loop per "
+    "run (one forward body fewer: no faster on the GPT plans, slower on the MLP, the "
+    "scatters into per-run buffers costing what the shared body saves); the lone layer "
+    "kept as a loop, or its checkpoint without `prevent_cse` (no change: XLA removes a loop "
+    "of one step either way); the one-loop form with the switch returning the values "
+    "instead of writing them into the buffers (a peak one value higher still: the switch's "
+    "output stays live through the VJP)."
+)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@
 `remat._trace._periodic.segments` runs each run of layers saving the same set as a loop of
 its own: a plan mixing two sets has two forward and two backward loop bodies, each a copy of
 the layer, and XLA compiles each (on the models of `benchmarks/vs_torch.py` such a plan's
-step compiles in 1.5-1.8x the CPU time of the uniform plan's). When the sets nest
+step compiles in 1.55-1.7x the CPU time of the uniform plan's). When the sets nest
 (``S_1 ⊂ ... ⊂ S_k``, as the points of a layer's Pareto front the planner mixes do), every
 layer can run the same code:
 
@@ -17,13 +17,16 @@ layer can run the same code:
   the slot of a layer whose backward pass is done. The branches are tagged with how often
   each runs (`remat._core._flop_tags.branch_scope`), so `remat.measure` counts them exactly.
 
-It compiles in less time than `segments` (about 1.3x the uniform plan's step where
-segments take 1.6-1.7x, `benchmarks/perlayer_compile.py`) at the same FLOPs, but its peak is
-higher: a loop holds its buffers whole until it ends, so a layer recomputes while every
-other layer's values are still held (segments free each run's values when its loop ends),
-and on that MLP a plan whose first layer saves nothing kept 1.5 of the 2 MiB the layer does
-not save. So the planner does not use it (`remat._trace._periodic.ONE_LOOP` is False); set it
-to compile a nesting pattern this way.
+It compiles in less time than `segments` (`benchmarks/perlayer_compile.py`, CPU time over
+the uniform plan's step: 1.45x against 1.68x for the vs_torch MLP's 25% plan, 1.28x against
+1.55x for the GPT's), but peaks higher and can recompute more, so the planner does not use
+it (`remat._trace._periodic.ONE_LOOP` is False; set it to compile a nesting pattern this
+way). A loop holds its buffers whole until it ends, so a layer recomputes while every other
+layer's values are still held, where segments free each run's values when its loop ends
+(MLP: 33.28 MiB against 31.77, the value the first layer does not keep being 2 MiB; GPT:
+46.89 against 44.68); and what the switch recomputes is not shared with the recomputation
+inside the VJP of ``S_k`` after it, which on the GPT runs a matmul again (+22.22% FLOPs
+over the un-checkpointed step against +13.45%; on the MLP the same +2.08%).
 
 `one_loop` runs a pattern so when its sets nest (two or more), each value the largest set
 saves is named by `remat._trace._tag.eval_tagged` (a saved value is found by name in the
