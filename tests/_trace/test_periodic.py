@@ -253,7 +253,7 @@ def _step_of(loss, args, pattern, one_loop):
     return compiled_memory(compiled).peak_bytes, compiled.as_text().count(" while("), flops, grads
 
 
-@pytest.mark.parametrize("first", [1, 5])
+@pytest.mark.parametrize("first", [1, pytest.param(5, marks=pytest.mark.slow)])
 def test_nested_sets_in_one_loop_each_way(mlp8, first):
     """Sets that nest run in one forward and one backward loop (`remat._trace._one_loop`):
     the gradients are the program's; the FLOPs are those of the layers that recompute
