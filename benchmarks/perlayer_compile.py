@@ -1,22 +1,22 @@
-"""Where a per-layer step's compile time goes, beside the uniform step's, side by side.
+"""Compile time of a per-layer step beside the uniform step it replaces, interleaved.
 
-On a model of `benchmarks/vs_torch.py`, three forms of the same step
-(``jax.value_and_grad`` of the loss), each lowered and compiled `REPEATS` times in turn
-(alternating, a fresh function each time, so nothing is cached):
+On the models of `benchmarks/vs_torch.py` (8 layers in one ``lax.scan``), in one process:
 
-- the plain scan with the first point of the layer's Pareto front in every layer (the
-  uniform plan that recomputes nothing);
-- segments (`remat._trace._periodic.segments`) with that point in every layer (one run);
-- segments with the front's middle point in the first 5 layers and the first point in the
-  last 3 (two runs: a per-layer mix).
-
-For each: the seconds spent tracing and lowering (``jit(...).lower``) and compiling
-(``.compile()``, XLA), the number of ``while`` loops and lines of the optimised HLO, the
-compiled peak and the FLOPs over the un-checkpointed step. Timings are medians and vary with
-the machine's load (printed): compare the forms of one run, not runs.
+- planned: at each budget, ``remat.plan(..., per_layer=False)`` and ``per_layer=True`` (each
+  from scratch), then the step of each plan (``jax.value_and_grad(plan.fn)``) lowered and
+  compiled `REPEATS` times, the two plans in turn and the first of each pair alternating (a
+  fresh function each time, so nothing is cached), with XLA's default options (what the
+  user's ``jax.jit`` compiles) and with the planner's (`remat._plan._compile.COMPILER_OPTIONS`,
+  how `remat.plan` verifies a plan). Per plan the median CPU seconds of this process
+  (``time.process_time``: the machine's other jobs take little of it) and wall seconds,
+  their spread, and the median of the per-pair ratios;
+- forms: the same step in other forms of the per-layer plan's save sets (``FORMS``), CPU
+  seconds beside the uniform plan's, with the compiled peak and FLOPs over the
+  un-checkpointed step.
 
 Usage:
-  PYTHONPATH=src python benchmarks/perlayer_compile.py [--arch gpt] [--repeats 5] [--no-write]
+  PYTHONPATH=src python benchmarks/perlayer_compile.py [--arch gpt,mlp] [--budgets 40%,25%]
+      [--repeats 7] [--no-write]
 """
 
 from __future__ import annotations
@@ -40,94 +40,194 @@ from bench_common import (
     section_start,
     write_section,
 )
-from remat._trace._tag import ScanChoice, rewrite
-from vs_torch_sets import remat_front
+from remat._plan import _memo
+from remat._plan._compile import COMPILER_OPTIONS
+from remat._trace import _periodic
+from remat._trace._tag import ScanChoice, planned_scans, rewrite
 
 REPEATS = 5
+FORM_REPEATS = 3
+BUDGETS = ("40%", "25%")
 MARKERS = ("<!-- perlayer_compile:start -->", "<!-- perlayer_compile:end -->")
-HEAD = ("form", "lower s", "compile s", "x plain", "loops", "HLO lines", "peak MiB", "FLOPs")
+OPTIONS = {"default": None, "planner's": COMPILER_OPTIONS}
+PLAN_HEAD = ("budget", "options", "uniform plan: CPU s (min-max)", "per-layer plan: CPU s (min-max)",
+             "per-layer / uniform, CPU (pairs min-max)", "wall s: uniform / per-layer (ratio)",
+             "saved per layer")  # fmt: skip
+FORM_HEAD = ("form", "CPU s (x uniform plan)", "loops", "HLO lines", "peak MiB", "FLOPs")
 
 
-def forms(front) -> dict[str, ScanChoice]:
-    """The three forms of the module docstring, from the layer's Pareto front."""
-    first = front[0][1]
-    middle = front[len(front) // 2][1]
-    both = tuple(sorted(set(first) | set(middle)))
-    layers = vs_torch.FULL["layers"]
-    return {
-        "plain scan, first point in every layer": ScanChoice(names=first),
-        "segments, first point in every layer": ScanChoice(names=first, pattern=(first,) * layers),
-        "segments, middle point in 5 layers, first in 3": ScanChoice(
-            names=both, pattern=(middle,) * (layers - 3) + (first,) * 3
-        ),
-    }
+def compile_once(fn, args, options, one_loop: bool = False) -> tuple[float, float, object]:
+    """``(wall s, CPU s, compiled)`` of lowering and compiling ``jax.value_and_grad(fn)``;
+    ``one_loop``: a per-layer pattern whose sets nest runs in one loop each way
+    (`remat._trace._one_loop`, off in the planner's form)."""
+    before, _periodic.ONE_LOOP = _periodic.ONE_LOOP, one_loop
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        lowered = jax.jit(jax.value_and_grad(lambda *a: fn(*a))).lower(*args)
+        compiled = (
+            lowered.compile() if options is None else lowered.compile(compiler_options=options)
+        )
+        return time.perf_counter() - wall, time.process_time() - cpu, compiled
+    finally:
+        _periodic.ONE_LOOP = before
+
+
+def interleaved(fns: dict[str, tuple], args, options, repeats: int) -> dict[str, list]:
+    """``{label: [(wall, cpu), ...]}``: each ``(fn, one_loop)`` compiled ``repeats`` times,
+    in turn, the order rotating each round so that a change of load hits each alike."""
+    out: dict[str, list] = {k: [] for k in fns}
+    labels = list(fns)
+    for r in range(repeats):
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+            fn, one_loop = fns[label]
+            out[label].append(compile_once(fn, args, options, one_loop)[:2])
+    return out
+
+
+def spread(values) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def planned(loss, args, budgets, repeats) -> tuple[list[list[str]], dict]:
+    rows, plans = [], {}
+    for spec in budgets:
+        got = {}
+        for per_layer in (False, True):
+            _memo.forget()
+            got[per_layer] = remat.plan(loss, *args, budget=spec, per_layer=per_layer,
+                                        verbose=False)  # fmt: skip
+        plans[spec] = got
+        pattern = "; ".join(str([len(n) for n in s.pattern]) for s in got[True].scans
+                            if s.pattern) or "uniform"  # fmt: skip
+        for name, options in OPTIONS.items():
+            t = interleaved(
+                {"u": (got[False].fn, False), "p": (got[True].fn, False)}, args, options, repeats
+            )
+            cpu = {k: [c for _, c in v] for k, v in t.items()}
+            wall = {k: statistics.median(w for w, _ in v) for k, v in t.items()}
+            pairs = [p / u for u, p in zip(cpu["u"], cpu["p"], strict=True)]
+            rows.append([
+                spec, name, spread(cpu["u"]), spread(cpu["p"]),
+                f"{statistics.median(cpu['p']) / statistics.median(cpu['u']):.2f}x "
+                f"({min(pairs):.2f}-{max(pairs):.2f})",
+                f"{wall['u']:.2f} / {wall['p']:.2f} ({wall['p'] / wall['u']:.2f}x)",
+                pattern,
+            ])  # fmt: skip
+            print("  " + " | ".join(rows[-1]), flush=True)
+    return rows, plans
+
+
+def forms(loss, args, plan, base_flops, repeats) -> list[list[str]]:
+    """The per-layer plan's save sets in each form, beside the uniform plan."""
+    uniform, mixed = plan[False], plan[True]
+    scan = planned_scans(loss, *args)[0]
+    (chosen,) = [s for s in mixed.scans if s.pattern]
+    pattern = tuple(tuple(p) for p in chosen.pattern)
+    most = max(pattern, key=len)
+    mixed_fn = rewrite(loss, {scan.position: ScanChoice(names=chosen.names, pattern=pattern)})
+    fns = {
+        "the uniform plan (plain scan)": (uniform.fn, False),
+        "plain scan, the per-layer plan's larger set in every layer": (
+            rewrite(loss, {scan.position: ScanChoice(names=most)}), False),
+        "the per-layer plan as segments (the planner's form)": (mixed_fn, False),
+        "the per-layer plan in one loop each way (`_one_loop`)": (mixed_fn, True),
+    }  # fmt: skip
+    t = interleaved(fns, args, None, repeats)
+    ref = statistics.median(c for _, c in t["the uniform plan (plain scan)"])
+    rows = []
+    for label, (fn, one_loop) in fns.items():
+        hlo = compile_once(fn, args, None, one_loop)[2].as_text()
+        before, _periodic.ONE_LOOP = _periodic.ONE_LOOP, one_loop
+        try:
+            m = remat.measure(fn, *args)
+        finally:
+            _periodic.ONE_LOOP = before
+        cpu = statistics.median(c for _, c in t[label])
+        rows.append([label, f"{cpu:.2f} ({cpu / ref:.2f}x)", str(hlo.count(" while(")),
+                     str(len(hlo.splitlines())), f"{compiled_peak(m) / MIB:.2f}",
+                     f"+{m.flops / base_flops - 1:.2%}"])  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="gpt")
+    parser.add_argument("--arch", default="mlp,gpt")
+    parser.add_argument("--budgets", default=",".join(BUDGETS))
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
-    args_ = parser.parse_args(argv)
-    kind, sizes = args_.arch, vs_torch.FULL
+    opts = parser.parse_args(argv)
     began = time.perf_counter()
-    args = (jax.tree.map(jnp.asarray, vs_torch.init_params(kind, **sizes)),
-            jnp.asarray(vs_torch.init_inputs(kind, **sizes)))  # fmt: skip
-    loss = vs_torch.make_jax_loss(kind, sizes["heads"])
-    base = remat.measure(loss, *args)
-    front, scan = remat_front(loss, args, base.flops)
-    chosen = forms(front)
-    times: dict[str, list[tuple[float, float]]] = {k: [] for k in chosen}
-    shape: dict[str, tuple[int, int]] = {}
-    for _ in range(args_.repeats):
-        for label, choice in chosen.items():
-            fn = rewrite(loss, {scan.index: choice})
-            start = time.perf_counter()
-            lowered = jax.jit(jax.value_and_grad(lambda *a, fn=fn: fn(*a))).lower(*args)
-            lowered_at = time.perf_counter()
-            hlo = lowered.compile().as_text()
-            times[label].append((lowered_at - start, time.perf_counter() - lowered_at))
-            shape[label] = (hlo.count(" while("), len(hlo.splitlines()))
-    rows = []
-    reference = None
-    for label, choice in chosen.items():
-        m = remat.measure(rewrite(loss, {scan.index: choice}), *args)
-        lower = statistics.median(t[0] for t in times[label])
-        compile_ = statistics.median(t[1] for t in times[label])
-        reference = reference or lower + compile_
-        rows.append([label, f"{lower:.2f}", f"{compile_:.2f}",
-                     f"{(lower + compile_) / reference:.2f}x", str(shape[label][0]),
-                     str(shape[label][1]), f"{compiled_peak(m) / MIB:.2f}",
-                     f"+{m.flops / base.flops - 1:.2%}"])  # fmt: skip
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    print_table(f"{kind}: compile time of the step, median of {args_.repeats} (load {load})",
-                HEAD, rows)  # fmt: skip
+    budgets = opts.budgets.split(",")
+    parts = []
+    for kind in opts.arch.split(","):
+        sizes = vs_torch.FULL
+        args = (jax.tree.map(jnp.asarray, vs_torch.init_params(kind, **sizes)),
+                jnp.asarray(vs_torch.init_inputs(kind, **sizes)))  # fmt: skip
+        loss = vs_torch.make_jax_loss(kind, sizes["heads"])
+        base = remat.measure(loss, *args)
+        rows, plans = planned(loss, args, budgets, opts.repeats)
+        load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+        print_table(f"{kind}: the plans' steps, {opts.repeats} compiles each (load {load})",
+                    PLAN_HEAD, rows)  # fmt: skip
+        mixed = [s for s in budgets if any(p.pattern and len(set(p.pattern)) > 1
+                                           for p in plans[s][True].scans)]  # fmt: skip
+        form_rows = forms(loss, args, plans[mixed[-1]], base.flops, FORM_REPEATS) if mixed else []
+        if form_rows:
+            print_table(f"{kind} {mixed[-1]}: forms", FORM_HEAD, form_rows)
+        load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+        parts += [
+            "",
+            f"### {kind}",
+            "",
+            f"Load average {load} after this model (1/5/15 min); each step compiled "
+            f"{opts.repeats} times per options, interleaved with the other plan's.",
+            "",
+            markdown_table(PLAN_HEAD, rows),
+        ]
+        if form_rows:
+            parts += ["", f"The {mixed[-1]} plan's save sets in other forms (default options, "
+                      f"CPU s, {FORM_REPEATS} compiles each, interleaved):", "",
+                      markdown_table(FORM_HEAD, form_rows)]  # fmt: skip
     command = "PYTHONPATH=src python benchmarks/perlayer_compile.py"
-    parts = section_start(MARKERS, "Where a per-layer step's compile time goes "
-                          "(`benchmarks/perlayer_compile.py`)", time.perf_counter() - began,
-                          command + ("" if kind == "gpt" else f" --arch {kind}"))  # fmt: skip
-    parts += [
-        "",
-        f"The {kind} of `benchmarks/vs_torch.py`; the same step in three forms, lowered and "
-        f"compiled {args_.repeats} times in turn (median seconds; measured under the load "
-        "shown above, other jobs sharing the 2 cores: compare the rows of this run, not runs). "
-        "Lowering is tracing and emitting the program; compiling is XLA's. The loops and lines "
-        "are the optimised HLO's.",
-        "",
-        markdown_table(HEAD, rows),
-        "",
-        "A mix of two save sets runs as two segments: two forward and two backward loop "
-        "bodies where the plain scan has one of each, so XLA compiles more loop code (the "
-        "HLO lines); lowering is a small part of the time. Running both segments' "
-        "forward passes in one loop (each step the layer's forward under both runs' "
-        "policies, each run's residuals written where the layer is its) was tried: XLA did "
-        "not merge the two forward computations (the step's FLOPs rose by the forward's), and "
-        "the compile time did not fall, so the forms stay one loop per run.",
-        MARKERS[1],
-    ]
-    write_section(MARKERS, "\n".join(parts), not args_.no_write)
+    title = (
+        "Per-layer plans: compile time against the uniform plan (`benchmarks/perlayer_compile.py`)"
+    )
+    head = section_start(MARKERS, title, time.perf_counter() - began, command)
+    text = "\n".join([*head, "", INTRO, *parts, "", OUTRO, MARKERS[1]])
+    write_section(MARKERS, text, not opts.no_write)
     return 0
 
+
+INTRO = (
+    "Measured under load (other jobs share the 2 cores): the times are this process's CPU "
+    "seconds (`time.process_time`, which other jobs barely change) with wall seconds beside; "
+    "compare the two plans of a row, compiled in turn in one process, not rows or runs. "
+    "\"default\" is the compile of `jax.jit` (what the user's step costs, the issue's target); "
+    "\"planner's\" is the planner's own verification compile "
+    "(`COMPILER_OPTIONS`: LLVM's optimisation off)."
+)
+OUTRO = (
+    "Where the time goes: a plan whose layers save two sets runs as segments (one loop per "
+    "run of layers saving one set; XLA removes the loop of a lone layer and inlines it), so "
+    "XLA compiles a second copy of the layer, forward and backward; a plan with one set in "
+    "every layer as segments (chosen for its smaller peak at equal FLOPs) costs only the "
+    "segments' custom VJP. The forms table has the save sets of the last budget's plan: the "
+    "plain scan with the larger set in every layer compiles within about 1.1x of the uniform "
+    "plan, the second set is what costs. The one-loop form (`remat._trace._one_loop`, for "
+    "sets that nest, as the planner's do: one forward and one backward body for all layers, "
+    "a layer saving less recomputing in a `lax.switch` what it did not keep and writing it "
+    "into a slot already read) compiles in less, but peaks higher, and can recompute more: "
+    "a loop holds its buffers to its end, so that layer's recomputation is live beside every "
+    "other layer's values, where segments run it once the other run's values are freed; "
+    "and what the switch recomputes is not shared with the recomputation of the VJP after "
+    "it (on the GPT a matmul runs in both). The planner keeps segments. Tried and not kept: one forward loop with a backward loop per "
+    "run (one forward body fewer: no faster on the GPT plans, slower on the MLP, the "
+    "scatters into per-run buffers costing what the shared body saves); the lone layer "
+    "kept as a loop, or its checkpoint without `prevent_cse` (no change: XLA removes a loop "
+    "of one step either way); the one-loop form with the switch returning the values "
+    "instead of writing them into the buffers (a peak one value higher still: the switch's "
+    "output stays live through the VJP)."
+)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -228,3 +228,64 @@ def test_segments_take_integer_inputs_and_outputs():
         assert_tree_allclose(got, want)
         assert_tree_allclose(grads, grads0)
         assert ss.dtype == jnp.int32 and (ss == ss0).all()
+
+
+@pytest.fixture(scope="module")
+def mlp8():
+    return mlp_stack(layers=8, d=16, batch=512)
+
+
+def _step_of(loss, args, pattern, one_loop):
+    """``(compiled peak, while loops, FLOPs)`` of the gradient step with the scan's layers
+    saving ``pattern``, as segments or in one loop each way (`remat._trace._one_loop`)."""
+    import remat
+    from remat._trace import _periodic
+
+    keep = tuple(sorted(set().union(*pattern)))
+    planned = rewrite(loss, {0: ScanChoice(names=keep, pattern=pattern)})
+    before, _periodic.ONE_LOOP = _periodic.ONE_LOOP, one_loop
+    try:
+        compiled = jax.jit(jax.grad(planned)).lower(*args).compile()
+        flops = remat.measure(planned, *args).flops
+        grads = jax.grad(planned)(*args)
+    finally:
+        _periodic.ONE_LOOP = before
+    return compiled_memory(compiled).peak_bytes, compiled.as_text().count(" while("), flops, grads
+
+
+@pytest.mark.parametrize("first", [1, pytest.param(5, marks=pytest.mark.slow)])
+def test_nested_sets_in_one_loop_each_way(mlp8, first):
+    """Sets that nest run in one forward and one backward loop (`remat._trace._one_loop`):
+    the gradients are the program's; the FLOPs are those of the layers that recompute
+    (hand-worked: the stack's first matmul, 512 x 16 x 64 x 2 = 1 MiB of FLOPs, once per
+    layer saving nothing, counted through the tagged branches), and the peak is the
+    segments' within 25 KiB (the recomputation's temporaries, live beside the whole
+    buffer: a loop frees nothing before its end)."""
+    loss, args = mlp8
+    keep = ("remat_s0_e0",)
+    pattern = ((),) * first + (keep,) * (8 - first)
+    segments = _step_of(loss, args, pattern, one_loop=False)
+    shared = _step_of(loss, args, pattern, one_loop=True)
+    none = remat_flops(loss, args)
+    assert shared[2] == none + first * 512 * 16 * 64 * 2
+    assert 0 <= shared[0] - segments[0] <= 25 * 1024, (shared[0], segments[0])
+    assert shared[1] == 2 and segments[1] == (2 if first == 1 else 4)
+    assert_tree_allclose(shared[3], jax.grad(loss)(*args))
+
+
+def remat_flops(loss, args):
+    import remat
+
+    return remat.measure(loss, *args).flops
+
+
+def test_sets_that_do_not_nest_run_as_segments():
+    from remat._trace._one_loop import chain, one_loop
+
+    assert chain([("a",), ("a", "b"), ()]) == [(), ("a",), ("a", "b")]
+    assert chain([("a",), ("b",)]) is None
+    ws, x = _inputs(layers=4)
+    assert one_loop(_named_body, (("up",), ("up",), ("act",), ("act",)), (), [x], ws) is None
+    assert one_loop(_named_body, (("up",),) * 4, (), [x], ws) is None  # one set: segments
+    # Names the program gives itself are not named by the planner's tags: segments.
+    assert one_loop(_named_body, ((), ("up",), ("up",), ("up",)), (), [x], ws) is None

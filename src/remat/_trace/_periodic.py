@@ -54,10 +54,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._core._dtypes import is_float
+from ._vjp_order import after as _after
+from ._vjp_order import floating as _floating
+from ._vjp_order import tie_one as _tie_one
+from ._vjp_order import zero_cotangent as _zero_cotangent
 
 # The largest period offered: the group body holds this many copies of the layer.
 MAX_PERIOD = 8
+# True: a save set per layer whose sets nest runs in one loop each way
+# (`remat._trace._one_loop`: fewer loop bodies to compile, a higher peak); False, the
+# planner's form: `segments` (`benchmarks/perlayer_compile.py` compares the two).
+ONE_LOOP = False
 
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
@@ -120,39 +127,6 @@ def ordered(step: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _after(leaves: list[Any], which: Sequence[bool], ct: Any) -> list[Any]:
-    """``leaves``, those marked in ``which`` made to depend on the cotangent ``ct`` (plus zero
-    times a bounded scalar of it, which XLA does not fold), so nothing computed from them
-    runs before ``ct`` is."""
-    floats = [c for c in jax.tree.leaves(ct) if _floating(c) and c.size]
-    if not floats:
-        return leaves
-    zero = 0 * jnp.minimum(jnp.abs(floats[0].ravel()[0]), 1)
-    return [
-        x + zero.astype(x.dtype) if tie and _floating(x) else x
-        for x, tie in zip(leaves, which, strict=True)
-    ]
-
-
-def _tie_one(args: list[Any], ct: Any) -> list[Any]:
-    """``args``, the smallest array among them made to depend on the cotangent ``ct`` (plus
-    zero times a bounded scalar of it, as `_after`), so that what is computed from them runs
-    once ``ct`` is here and is not merged with the same computation in the forward pass; one
-    is enough, and the smallest costs the least (an embedding lookup's indices, not its
-    table)."""
-    floats = [c for c in jax.tree.leaves(ct) if _floating(c) and c.size]
-    sized = [k for k, x in enumerate(args) if hasattr(x, "dtype") and x.dtype != jax.dtypes.float0]
-    if not floats or not sized:
-        return args
-    k = min(sized, key=lambda k: args[k].size)
-    zero = 0 * jnp.minimum(jnp.abs(floats[0].ravel()[0]), 1)
-    return [x + zero.astype(x.dtype) if j == k else x for j, x in enumerate(args)]
-
-
-def _floating(x: Any) -> bool:
-    return hasattr(x, "dtype") and is_float(x.dtype)
-
-
 def periodic_loop(
     body: Body,
     pattern: Sequence[Sequence[str]],
@@ -211,8 +185,11 @@ def periodic_loop(
         ys = [jnp.stack([outs[k][j] for k in range(g)]) for j in range(len(outs[0]))]
         return carry, ys
 
-    if g == length:  # a save set per layer: a scan per run of equal sets
-        return segments(body, pattern, consts, init, xs, reverse, head)
+    if g == length:  # a save set per layer: one loop if the sets nest, else a scan per run
+        from ._one_loop import one_loop
+
+        out = one_loop(body, pattern, consts, init, xs, reverse, head) if ONE_LOOP else None
+        return segments(body, pattern, consts, init, xs, reverse, head) if out is None else out
     if head is not None:
         init = head(*init)
     carry, ys = jax.lax.scan(group, list(init), grouped, length=length // g, reverse=reverse)
@@ -427,10 +404,3 @@ def _carry_at(i, start, stop, reverse, carry_in, held, origin) -> list[Any]:
         at = jax.lax.dynamic_index_in_dim(b, _slot(i, start, first, reverse), keepdims=False)
         out[k] = jnp.where(i == first, carry_in[k], at)
     return out
-
-
-def _zero_cotangent(x: Any) -> Any:
-    """The cotangent of a non-differentiable (integer) input: zeros of JAX's ``float0``."""
-    import numpy as np
-
-    return np.zeros(np.shape(x), dtype=jax.dtypes.float0)

@@ -29,6 +29,7 @@ from .._core._schedule import Binomial
 from ._ends import TAIL_POLICY, rewrite_ends
 from ._periodic import periodic_loop
 from ._rewrite import ScanInfo, _count, lax_loop, list_scans, rewrite_scans
+from ._taps import tap
 
 # Call primitives whose bodies are inlined, so the values inside them can be named. The
 # program's own checkpoints (`jax.checkpoint`, `nn.remat`, `nnx.remat`) are inlined too: the
@@ -117,7 +118,8 @@ def eval_tagged(flat: Any, scan: int, args: Sequence[Any]) -> list[Any]:
         outs = _bind(eqn, [_read(env, v) for v in eqn.invars])
         for k, (var, out) in enumerate(zip(eqn.outvars, outs, strict=True)):
             if is_tagged(var.aval):
-                out = checkpoint_name(out, value_name(scan, j, k, len(eqn.outvars)))
+                name = value_name(scan, j, k, len(eqn.outvars))
+                out = checkpoint_name(tap(name, out), name)
             env[var] = out
     return [_read(env, v) for v in jaxpr.outvars]
 

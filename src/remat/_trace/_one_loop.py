@@ -1,0 +1,293 @@
+"""Per-layer save sets that nest, in one loop each way: one forward and one backward body.
+
+`remat._trace._periodic.segments` runs each run of layers saving the same set as a loop of
+its own: a plan mixing two sets has two forward and two backward loop bodies, each a copy of
+the layer, and XLA compiles each (on the models of `benchmarks/vs_torch.py` such a plan's
+step compiles in 1.55-1.7x the CPU time of the uniform plan's). When the sets nest
+(``S_1 ⊂ ... ⊂ S_k``, as the points of a layer's Pareto front the planner mixes do), every
+layer can run the same code:
+
+- forward: one loop over all layers, each checkpointed to save the largest set ``S_k``;
+  each saved value goes into one buffer with a slot per layer whose set holds it (a scatter
+  that drops the write of the other layers), so each layer keeps only its own set;
+- backward: one loop over all layers, all with the VJP of ``S_k``. A layer whose set is
+  smaller first recomputes the values of ``S_k`` it did not keep, from its input and the
+  values it kept (its forward pass with those given, `remat._trace._taps`; XLA keeps only
+  what leads to the missing ones), in a `jax.lax.switch` on its set, and writes them into
+  the slot of a layer whose backward pass is done. The branches are tagged with how often
+  each runs (`remat._core._flop_tags.branch_scope`), so `remat.measure` counts them exactly.
+
+It compiles in less time than `segments` (`benchmarks/perlayer_compile.py`, CPU time over
+the uniform plan's step: 1.45x against 1.68x for the vs_torch MLP's 25% plan, 1.28x against
+1.55x for the GPT's), but peaks higher and can recompute more, so the planner does not use
+it (`remat._trace._periodic.ONE_LOOP` is False; set it to compile a nesting pattern this
+way). A loop holds its buffers whole until it ends, so a layer recomputes while every other
+layer's values are still held, where segments free each run's values when its loop ends
+(MLP: 33.28 MiB against 31.77, the value the first layer does not keep being 2 MiB; GPT:
+46.89 against 44.68); and what the switch recomputes is not shared with the recomputation
+inside the VJP of ``S_k`` after it, which on the GPT runs a matmul again (+22.22% FLOPs
+over the un-checkpointed step against +13.45%; on the MLP the same +2.08%).
+
+`one_loop` runs a pattern so when its sets nest (two or more), each value the largest set
+saves is named by `remat._trace._tag.eval_tagged` (a saved value is found by name in the
+forward pass's jaxpr: ``reduce_precision`` of a ``name`` equation) and each layer that
+recomputes has a slot free by then (a layer after it keeps the value: the sets saving less
+come first, as the planner orders them); otherwise `segments` runs it. The carries, the
+parameter gradients and the order of the backward pass are kept as `segments` keeps them.
+Reverse-mode only, as `segments`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._core._flop_tags import branch_scope
+from ._taps import tapped
+from ._vjp_order import after as _after
+from ._vjp_order import floating as _floating
+from ._vjp_order import tie_one as _tie_one
+from ._vjp_order import zero_cotangent as _zero_cotangent
+
+
+def chain(pattern: Sequence[Sequence[str]]) -> list[tuple[str, ...]] | None:
+    """The distinct sets of ``pattern``, smallest first, if each holds the one before it;
+    else None.
+
+    Example:
+      >>> from remat._trace._one_loop import chain
+      >>> chain([("a",), ("a", "b"), ("a",)]), chain([("a",), ("b",)])
+      ([('a',), ('a', 'b')], None)
+    """
+    sets = sorted({tuple(sorted(p)) for p in pattern}, key=len)
+    for small, large in itertools.pairwise(sets):
+        if not set(small) <= set(large):
+            return None
+    return sets
+
+
+def _saved_names(layer: Callable[..., Any], carry, consts, x) -> tuple[list, list, list]:
+    """``(origin, names, specs)`` of the leaves of the layer's VJP: where each leaf comes
+    from (``("const"|"x"|"carry", k)`` or ``("saved", None)``), and for each saved one the
+    name of the value it is (None where it is no named value: read from the jaxpr of the
+    forward pass, where a saved value is ``reduce_precision`` of a ``name`` equation) and
+    its shape."""
+    origin: list = []
+
+    def leaves(carry, consts, x):
+        _, vjp = jax.vjp(layer, carry, consts, x)
+        flat = jax.tree.leaves(vjp)
+        where = {id(v): ("const", k) for k, v in enumerate(consts)}
+        where.update({id(v): ("x", k) for k, v in enumerate(x)})
+        where.update({id(v): ("carry", k) for k, v in enumerate(carry)})
+        origin[:] = [where.get(id(v), ("saved", None)) for v in flat]
+        return [v for v, o in zip(flat, origin, strict=True) if o[0] == "saved"]
+
+    closed = jax.make_jaxpr(leaves)(carry, consts, x)
+    producer = {id(v): e for e in closed.jaxpr.eqns for v in e.outvars}
+    names = []
+    for var in closed.jaxpr.outvars:
+        name = None
+        for _ in range(4):
+            eqn = producer.get(id(var))
+            if eqn is None:
+                break
+            if eqn.primitive.name == "name":
+                name = eqn.params["name"]
+                break
+            if eqn.primitive.name != "reduce_precision":
+                break
+            var = eqn.invars[0]
+        names.append(name)
+    return origin, names, [_spec(v.aval) for v in closed.jaxpr.outvars]
+
+
+def one_loop(
+    body: Callable[..., Any],
+    pattern: Sequence[Sequence[str]],
+    consts: Sequence[Any],
+    init: Sequence[Any],
+    xs: Sequence[Any],
+    reverse: bool = False,
+    head: Callable[..., Sequence[Any]] | None = None,
+) -> tuple[list[Any], list[Any]] | None:
+    """`remat._trace._periodic.segments` for a pattern whose sets nest, in one loop each
+    way (see the module docstring); None where it cannot run so (the caller runs
+    `segments`).
+
+    Args:
+      body: ``body(consts, carry, x) -> (new_carry, ys)``, its values named by
+        `remat._trace._tag.eval_tagged`.
+      pattern: the names each layer saves, one entry per layer.
+      consts, init, xs, reverse, head: as `segments` takes them.
+    """
+    sets = chain(pattern)
+    if sets is None or len(sets) == 1:
+        return None
+    length = len(pattern)
+    level = np.array([sets.index(tuple(sorted(p))) for p in pattern], np.int32)
+    policy = jax.checkpoint_policies.save_only_these_names(*sets[-1])
+    layer = jax.checkpoint(lambda carry, consts, x: body(consts, carry, x), policy=policy,
+                           prevent_cse=False)  # fmt: skip
+    specs = [_spec(a[0]) for a in xs]
+    carry_specs = list(jax.eval_shape(lambda *a: list(head(*a)), *init) if head is not None
+                       else [_spec(c) for c in init])  # fmt: skip
+    const_specs = [_spec(c) for c in consts]
+    origin, names, saved_specs = _saved_names(layer, carry_specs, const_specs, specs)
+    seen: dict[str, Any] = {}
+    with tapped({}, seen):
+        jax.eval_shape(lambda c, k, x: body(k, c, x), carry_specs, const_specs, specs)
+    if any(n not in seen for n in names):
+        return None  # a saved value the taps cannot give (not named by `eval_tagged`)
+    index = np.arange(length)
+    done_before = (index[None, :] > index[:, None]) != reverse  # [i, j]: j's backward first
+    lowest = [next(lv for lv, s in enumerate(sets) if n in s) for n in names]
+    keeps = [level >= lv for lv in lowest]
+    slots = [np.where(k, np.cumsum(k) - 1, k.sum()).astype(np.int32) for k in keeps]
+    # A layer that did not keep a value recomputes it into the slot of a layer whose
+    # backward pass ran before its own (a slot no longer read): the nearest such layer.
+    reads = []
+    for k, slot in zip(keeps, slots, strict=True):
+        read = slot.copy()
+        for i in np.flatnonzero(~k):
+            free = np.flatnonzero(k & done_before[i])
+            if not free.size:
+                return None  # no slot free yet: `segments` runs it
+            read[i] = slot[free[np.argmin(np.abs(free - i))]]
+        reads.append(read)
+    carried = [k for kind, k in origin if kind == "carry"]
+    first = length - 1 if reverse else 0
+    held_at = np.where(index == first, 0, index - (0 if reverse else 1)).astype(np.int32)
+    counts = [int((level == lv).sum()) for lv in range(len(sets))]
+
+    def forward(consts, init, xs, keep):
+        carry = list(head(*init) if head is not None else init)
+        indices = jnp.arange(length)
+        if not keep:
+
+            def plain(carry, i):
+                x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
+                new, ys = layer(list(carry), list(consts), x)
+                return list(new), list(ys)
+
+            carry, ys = jax.lax.scan(plain, carry, indices, reverse=reverse)
+            return (list(carry), list(ys)), None
+        bufs = [jnp.zeros((int(k.sum()), *s.shape), s.dtype)
+                for k, s in zip(keeps, saved_specs, strict=True)]  # fmt: skip
+        held = [jnp.zeros((length - 1, *carry[k].shape), carry[k].dtype) for k in carried]
+        tables = [jnp.asarray(s) for s in slots]
+        at = jnp.asarray(held_at)
+
+        def step(state, i):
+            carry, bufs, held = state
+            x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
+            (new, ys), vjp = jax.vjp(layer, list(carry), list(consts), x)
+            flat = jax.tree.leaves(vjp)
+            saved = [v for v, o in zip(flat, origin, strict=True) if o[0] == "saved"]
+            bufs = [b.at[t[i]].set(v, mode="drop")
+                    for b, t, v in zip(bufs, tables, saved, strict=True)]  # fmt: skip
+            held = [jax.lax.dynamic_update_index_in_dim(h, carry[k], at[i], 0)
+                    for h, k in zip(held, carried, strict=True)]  # fmt: skip
+            return (list(new), bufs, held), list(ys)
+
+        carry_in = None if head is not None else list(carry)
+        (carry, bufs, held), ys = jax.lax.scan(step, (carry, bufs, held), indices,
+                                                reverse=reverse)  # fmt: skip
+        return (list(carry), list(ys)), (bufs, held, carry_in)
+
+    @jax.custom_vjp
+    def run(consts, init, xs):
+        return forward(consts, init, xs, keep=False)[0]
+
+    def fwd(consts, init, xs):
+        out, kept = forward(consts, init, xs, keep=True)
+        return out, (consts, init if head is not None else None, xs, kept)
+
+    def bwd(residuals, ct):
+        consts, init, xs, (bufs, held, carry_in) = residuals
+        ct_carry, ct_ys = ct
+        head_vjp = None
+        if carry_in is None:  # the initial carry: recomputed once the cotangent is here
+            carry_in, head_vjp = jax.vjp(lambda *a: list(head(*a)),
+                                         *_tie_one(list(init), ct_carry))  # fmt: skip
+        tree = jax.tree.structure(jax.eval_shape(
+            lambda c, k, x: jax.vjp(layer, c, k, x)[1], carry_specs, const_specs, specs))  # fmt: skip
+        tables = [jnp.asarray(s) for s in slots]
+        read_at = [jnp.asarray(r) for r in reads]
+        at = jnp.asarray(held_at)
+        levels = jnp.asarray(level)
+        grads = [jnp.zeros_like(c) if _floating(c) else None for c in consts]
+        xgrads = [jnp.zeros_like(x) if _floating(x) else None for x in xs]
+
+        missing = [j for j, low in enumerate(lowest) if low > 0]  # some layer recomputes
+
+        def recompute(lv):
+            """Branch ``lv``: for a layer of set ``lv``, the values of the largest set some
+            layer did not keep: recomputed from its input and what it kept where its set
+            does not hold them, else read."""
+
+            def branch(bufs, i, carry, x):
+                read = {j: jax.lax.dynamic_index_in_dim(bufs[j], tables[j][i], keepdims=False)
+                        for j in range(len(names)) if lowest[j] <= lv}  # fmt: skip
+                if lv == len(sets) - 1:
+                    return [read[j] for j in missing]
+                got: dict[str, Any] = {}
+                with tapped({names[j]: v for j, v in read.items()}, got):
+                    body(list(consts), list(carry), list(x))
+                return [read[j] if j in read else got[names[j]].astype(bufs[j].dtype)
+                        for j in missing]  # fmt: skip
+
+            return branch
+
+        branches = [recompute(lv) for lv in range(len(sets))]
+
+        def back(state, inp):
+            ct_c, bufs, grads, xgrads = state
+            i, ct_y = inp
+            x = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in xs]
+            carry = list(carry_in)
+            for h, k in zip(held, carried, strict=True):
+                kept = jax.lax.dynamic_index_in_dim(h, at[i], keepdims=False)
+                carry[k] = jnp.where(i == first, carry_in[k], kept)
+            with jax.named_scope(branch_scope(counts, length)):  # exact FLOPs
+                values = jax.lax.switch(levels[i], branches, list(bufs), i, carry, x)
+            # Written where the layer reads them: its own slot, or a free one (see `reads`).
+            bufs = list(bufs)
+            for j, v in zip(missing, values, strict=True):
+                bufs[j] = jax.lax.dynamic_update_index_in_dim(bufs[j], v, read_at[j][i], 0)
+            saved = iter([jax.lax.dynamic_index_in_dim(b, r[i], keepdims=False)
+                          for b, r in zip(bufs, read_at, strict=True)])  # fmt: skip
+            sources = dict(const=consts, x=x, carry=carry)
+            leaves = [next(saved) if kind == "saved" else sources[kind][k] for kind, k in origin]
+            tie = [kind == "carry" for kind, _ in origin]
+            if not any(tie):
+                tie = [kind != "const" for kind, _ in origin]
+            leaves = _after(leaves, tie, ct_c)
+            d_c, d_consts, d_x = jax.tree.unflatten(tree, leaves)((list(ct_c), list(ct_y)))
+            grads = [g if g is None else g + d for g, d in zip(grads, d_consts, strict=True)]
+            xgrads = [g if g is None else jax.lax.dynamic_update_index_in_dim(g, d, i, 0)
+                      for g, d in zip(xgrads, d_x, strict=True)]  # fmt: skip
+            return (list(d_c), list(bufs), grads, xgrads), None
+
+        (ct_carry, _, grads, xgrads), _ = jax.lax.scan(
+            back, (list(ct_carry), list(bufs), grads, xgrads), (jnp.arange(length), list(ct_ys)),
+            reverse=not reverse,
+        )  # fmt: skip
+        return (
+            [_zero_cotangent(c) if g is None else g for c, g in zip(consts, grads, strict=True)],
+            list(ct_carry) if head_vjp is None else list(head_vjp(list(ct_carry))),
+            [_zero_cotangent(x) if g is None else g for x, g in zip(xs, xgrads, strict=True)],
+        )
+
+    run.defvjp(fwd, bwd)
+    carry, ys = run(list(consts), list(init), list(xs))
+    return list(carry), list(ys)
+
+
+def _spec(x: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
