@@ -40,18 +40,10 @@ def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: An
     best = best_known(prep, know, budget_bytes, saved)
     if best is None:
         return 0
-    solution = solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
-                     minimize="memory", max_flops=best.choice.flops * (1 + 1e-9) + 1.0,
-                     **prep.weights)  # fmt: skip
-    if solution is None:
+    found = as_cheap(prep, know, budget_bytes, best.choice, cost(prep, best))
+    if found is None:
         return 0
-    choice = prep.decode(solution)
-    if (
-        choice_key(choice) in know.measured
-        or choice.model_bytes >= best.choice.model_bytes - 1.0
-        or step_flops(prep, choice) > cost(prep, best) * (1 + 1e-9)
-    ):
-        return 0
+    solution, choice = found
     if per_layer(choice) and not per_layer(best.choice) and best.alone is not None:
         # Its scans alone first: a per-layer step keeps more outside its scans than the
         # uniform one (`remat._trace._ends`), so one that keeps no less on them keeps more.
@@ -61,6 +53,26 @@ def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: An
     say("compiling a plan as cheap that keeps less")
     verify(choice_key(choice), choice)
     return 1
+
+
+def as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, choice: Any,
+             reference: float) -> tuple[Solution, Any] | None:  # fmt: skip
+    """The candidate the model puts least in memory among those that recompute no more than
+    ``choice`` (a `Choice` that costs ``reference`` FLOPs), when it is not ``choice``, has
+    not been compiled and the model puts it lower: ``(solution, choice)``, or None."""
+    solution = solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
+                     minimize="memory", max_flops=choice.flops * (1 + 1e-9) + 1.0,
+                     **prep.weights)  # fmt: skip
+    if solution is None:
+        return None
+    found = prep.decode(solution)
+    if (
+        choice_key(found) in know.measured
+        or found.model_bytes >= choice.model_bytes - 1.0
+        or step_flops(prep, found) > reference * (1 + 1e-9)
+    ):
+        return None
+    return solution, found
 
 
 def within_saved(prep: Prepared, know: Knowledge, budget_bytes: int, saved: int, say: Any,
