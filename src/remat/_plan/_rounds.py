@@ -99,7 +99,8 @@ def plan_prepared(
         raise InfeasibleBudget(budget.spec, budget_bytes, floor, peak_of(base),
                                bool(prep.written), floor=floor)  # fmt: skip
     # Uniform plans first, verified; per-layer ones then compete only against the best of
-    # them (`_per_layer`), so a per-layer plan is never dearer than the uniform plan.
+    # them (`_per_layer`), or against the rounds' first candidate, compiled in its place
+    # (`_first.instead`), so a per-layer plan is never dearer than the uniform plan.
     uniform = uniform_of(prep)
     replaced: list[bool] = []  # a per-layer plan compiled in the uniform one's place fits
 
@@ -116,8 +117,9 @@ def plan_prepared(
     def verify(key, choice):  # a step compiled beside the rounds' own
         _verify(prep, know, key, choice, know.margin or 0.0)
 
-    if uniform is not prep and not any(replaced):
-        rounds += _per_layer(prep, know, budget_bytes, say)
+    if uniform is not prep:
+        if not any(replaced):  # else that search ran before the rounds' first step compile
+            rounds += _per_layer(prep, know, budget_bytes, say)
         rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify)
     cap = None if saved is None else saved.to_bytes(saved_of(prep.baseline))
     if cap is not None:
