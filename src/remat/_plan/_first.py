@@ -34,7 +34,7 @@ from ._compile import peak_of
 from ._memo import Knowledge, choice_key, per_layer, step_flops
 from ._options import Choice
 from ._perlayer import uniform_of
-from ._saved import as_cheap
+from ._saved import as_cheap, as_cheap_solve
 from ._search import cheaper_candidate
 
 # A per-layer candidate as cheap as the uniform one replaces it when its scans alone keep
@@ -51,11 +51,14 @@ def instead(
     solution: Any,
     choice: Choice,
     alone: float | None = None,
+    solved: dict | None = None,
 ) -> bool:
     """Compiles the per-layer candidate that beats uniform ``choice`` (the rounds' next step
     compile; ``alone`` its scans-alone prediction, checked here when None) in its place, if
-    there is one (module docstring); ``verify`` is `_rounds._verify`. Returns whether it
-    fits the budget (the rounds then end without compiling ``choice``)."""
+    there is one (module docstring); ``verify`` is `_rounds._verify`. While its step
+    compiles, `_saved.smaller_as_cheap`'s solve for it is made and put in ``solved`` (a
+    dict, if given) under its `choice_key`. Returns whether it fits the budget (the rounds
+    then end without compiling ``choice``)."""
     if uniform_of(prep) is prep or not prep.scan_fits:
         return False
     if alone is None:
@@ -70,7 +73,12 @@ def instead(
     _, mixed, mixed_alone = found
     say("verifying a per-layer plan in the uniform one's place: compiling the step")
     key = choice_key(mixed)
-    verify(prep, know, key, mixed, margin, alone=mixed_alone)
+
+    def meanwhile():  # beside the step's compile (XLA compiles outside the GIL)
+        if solved is not None:
+            solved[key] = as_cheap_solve(prep, know, budget_bytes, mixed)
+
+    verify(prep, know, key, mixed, margin, alone=mixed_alone, ahead=meanwhile)
     measured = know.measured[key].measured
     return peak_of(measured) <= budget_bytes and measured.peak_source != REFUSED
 

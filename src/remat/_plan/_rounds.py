@@ -103,9 +103,12 @@ def plan_prepared(
     # (`_first.instead`), so a per-layer plan is never dearer than the uniform plan.
     uniform = uniform_of(prep)
     replaced: list[bool] = []  # a per-layer plan compiled in the uniform one's place fits
+    solved: dict = {}  # `smaller_as_cheap`'s solves made beside a step compile
 
     def first(solution, choice, alone):  # before the rounds' first step compile (`_first`)
-        replaced.append(instead(prep, know, budget_bytes, say, _verify, solution, choice, alone))
+        replaced.append(
+            instead(prep, know, budget_bytes, say, _verify, solution, choice, alone, solved)
+        )
         return replaced[-1]
 
     rounds, solve_seconds = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say,
@@ -120,7 +123,7 @@ def plan_prepared(
     if uniform is not prep:
         if not any(replaced):  # else that search ran before the rounds' first step compile
             rounds += _per_layer(prep, know, budget_bytes, say)
-        rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify)
+        rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify, solved=solved)
     cap = None if saved is None else saved.to_bytes(saved_of(prep.baseline))
     if cap is not None:
         rounds += within_saved(prep, know, budget_bytes, cap, say, verify)

@@ -31,16 +31,20 @@ SAVED_ROUNDS = 4
 
 
 def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any,
-                     verify: Any, saved: int | None = None) -> int:  # fmt: skip
+                     verify: Any, saved: int | None = None,
+                     solved: dict | None = None) -> int:  # fmt: skip
     """Compiles the candidate the model puts least in memory among those that recompute no
     more than the best plan verified, when it is not that plan and the model puts it lower
     (a per-layer one against a uniform plan: and its scans, compiled alone, keep less);
-    ``verify(key, choice)`` compiles and records a step. Returns the steps compiled (0 or 1).
+    ``verify(key, choice)`` compiles and records a step; ``solved`` maps a plan's
+    `choice_key` to `as_cheap_solve`'s solution for it, made before (while it compiled).
+    Returns the steps compiled (0 or 1).
     """
     best = best_known(prep, know, budget_bytes, saved)
     if best is None:
         return 0
-    found = as_cheap(prep, know, budget_bytes, best.choice, cost(prep, best))
+    solution = (solved or {}).get(choice_key(best.choice), False)
+    found = as_cheap(prep, know, budget_bytes, best.choice, cost(prep, best), solution)
     if found is None:
         return 0
     solution, choice = found
@@ -56,13 +60,13 @@ def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: An
 
 
 def as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, choice: Any,
-             reference: float) -> tuple[Solution, Any] | None:  # fmt: skip
+             reference: float, solution: Any = False) -> tuple[Solution, Any] | None:  # fmt: skip
     """The candidate the model puts least in memory among those that recompute no more than
     ``choice`` (a `Choice` that costs ``reference`` FLOPs), when it is not ``choice``, has
-    not been compiled and the model puts it lower: ``(solution, choice)``, or None."""
-    solution = solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
-                     minimize="memory", max_flops=choice.flops * (1 + 1e-9) + 1.0,
-                     **prep.weights)  # fmt: skip
+    not been compiled and the model puts it lower: ``(solution, choice)``, or None.
+    ``solution``: `as_cheap_solve`'s for ``choice``, where it was solved before."""
+    if solution is False:
+        solution = as_cheap_solve(prep, know, budget_bytes, choice)
     if solution is None:
         return None
     found = prep.decode(solution)
@@ -73,6 +77,14 @@ def as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, choice: Any,
     ):
         return None
     return solution, found
+
+
+def as_cheap_solve(prep: Prepared, know: Knowledge, budget_bytes: int, choice: Any) -> Any:
+    """The least memory the model reaches recomputing no more than ``choice``: a `Solution`,
+    or None (see `as_cheap`)."""
+    return solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
+                 minimize="memory", max_flops=choice.flops * (1 + 1e-9) + 1.0,
+                 **prep.weights)  # fmt: skip
 
 
 def within_saved(prep: Prepared, know: Knowledge, budget_bytes: int, saved: int, say: Any,
