@@ -52,15 +52,16 @@ def instead(
     choice: Choice,
     alone: float | None = None,
     solved: dict | None = None,
-) -> bool:
+) -> float | None:
     """Compiles the per-layer candidate that beats uniform ``choice`` (the rounds' next step
     compile; ``alone`` its scans-alone prediction, checked here when None) in its place, if
     there is one (module docstring); ``verify`` is `_rounds._verify`. While its step
     compiles, `_saved.smaller_as_cheap`'s solve for it is made and put in ``solved`` (a
-    dict, if given) under its `choice_key`. Returns whether it fits the budget (the rounds
-    then end without compiling ``choice``)."""
+    dict, if given) under its `choice_key`. Returns, where it fits the budget (the rounds
+    then end without compiling ``choice``), the peak predicted for ``choice``: memory the
+    program reaches, as if it were measured (`_named.wanted`); else None."""
     if uniform_of(prep) is prep or not prep.scan_fits:
-        return False
+        return None
     if alone is None:
         alone, _ = check_alone(prep, know, solution, choice)
     margin = know.margin or 0.0
@@ -69,7 +70,7 @@ def instead(
     if found is None:
         found = _keeps_less(prep, know, budget_bytes, choice, alone, margin)
     if found is None:
-        return False
+        return None
     _, mixed, mixed_alone = found
     say("verifying a per-layer plan in the uniform one's place: compiling the step")
     key = choice_key(mixed)
@@ -80,7 +81,9 @@ def instead(
 
     verify(prep, know, key, mixed, margin, alone=mixed_alone, ahead=meanwhile)
     measured = know.measured[key].measured
-    return peak_of(measured) <= budget_bytes and measured.peak_source != REFUSED
+    if peak_of(measured) > budget_bytes or measured.peak_source == REFUSED:
+        return None
+    return alone + margin
 
 
 def _keeps_less(prep, know, budget_bytes, choice, alone, margin):
