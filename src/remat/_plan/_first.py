@@ -9,16 +9,19 @@ spent on a plan that is not returned. So just before the rounds compile their fi
 candidate, `instead` looks for that per-layer candidate on the scans alone, with the
 uniform candidate as the plan to beat and the memory outside the scans known so far, and
 compiles it in the uniform candidate's place: when it fits, the rounds end there (the
-uniform candidate is never compiled, `per_layer_first`'s search is not run again), and
-when it does not, the uniform candidate is compiled next, as before.
+uniform candidate is never compiled, and `_rounds._per_layer` does not search again), and
+when it does not, the rounds compile the uniform candidate next.
 
 The memory outside the scans that a program's first plan knows is the un-checkpointed
 step's (`Prepared.margin`); on the models of `benchmarks/vs_torch.py` a uniform plan's
 differs from it by less than 1 KB, so the search finds the candidate it would have found
 after the uniform step. A per-layer candidate as cheap as the uniform one replaces it only
 when its scans alone keep less by more than `OUTSIDE` of the budget: a per-layer step keeps
-more outside its scans (`remat._trace._ends`; 0.05-0.5 MB on those models), and between
-plans of equal FLOPs the smaller compiled peak wins (`_memo.best_known`).
+more outside its scans (`remat._trace._ends`; 0.05-0.54 MB on those models), and between
+plans of equal FLOPs the smaller compiled peak wins (`_memo.best_known`). The uniform
+candidate's predicted peak then stands for its measured one where the planner asks how
+little memory the program reaches (`_named.wanted`, in `_rounds.plan_prepared`). While the
+per-layer step compiles, `_saved.smaller_as_cheap`'s solve for it is made beside.
 """
 
 from __future__ import annotations
