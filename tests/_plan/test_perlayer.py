@@ -310,3 +310,49 @@ def test_a_mix_is_priced_from_two_others_of_its_sets_compiled_alone(stack):
     alternate = ScanChoice(names=keep, pattern=(none, keep) * 4)
     assert priced_mix(prep, know, 2, other) is None
     assert priced_mix(prep, know, 2, alternate) is None
+
+
+def _first_plan(loss, args, budget, monkeypatch, over=False):
+    """A program's first per-layer plan (an empty `_memo`); with ``over``, every per-layer
+    step compiled in the uniform candidate's place measures a byte over the budget."""
+    import collections
+    import dataclasses
+
+    from remat._plan import _first, _memo, _rounds
+
+    monkeypatch.setattr(_memo, "_MEMORY", collections.OrderedDict())
+    if over:
+        verify = _rounds._verify
+
+        def over_budget(prep, know, key, choice, margin, alone=None, **kw):
+            verify(prep, know, key, choice, margin, alone=alone, **kw)
+            known = know.measured[key]
+            measured = dataclasses.replace(known.measured, peak_bytes=budget + 1)
+            know.measured[key] = dataclasses.replace(known, measured=measured)
+
+        real = _first.instead
+        monkeypatch.setattr(_rounds, "instead", lambda *a: real(*a[:4], over_budget, *a[5:]))
+    return remat.plan(loss, *args, budget=budget, per_layer=True, verbose=False)
+
+
+def test_the_per_layer_plan_is_compiled_in_the_uniform_ones_place(stack, planned, monkeypatch):
+    """A program's first per-layer plan compiles the per-layer candidate that beats the
+    uniform one the rounds were about to compile in its place (`_first.instead`): the plan
+    the uniform-first order gives (the uniform plan compiled, then the mix), one step
+    compile fewer (the un-checkpointed step and the plan's). Where that candidate measures
+    over the budget, the uniform one is compiled after it, and a plan that fits returned."""
+    from remat._plan import _rounds
+
+    loss, args = stack
+    budget = planned.budget_bytes
+    first = _first_plan(loss, args, budget, monkeypatch)
+    assert first.scans[0].pattern and first.stats.step_compiles == 2
+    with monkeypatch.context() as m:  # the uniform candidate compiled first, as before
+        m.setattr(_rounds, "instead", lambda *a: None)
+        before = _first_plan(loss, args, budget, m)
+    assert before.stats.step_compiles == 3
+    assert (first.scans, first.measured.flops, first.measured_peak_bytes) == (
+        before.scans, before.measured.flops, before.measured_peak_bytes)  # fmt: skip
+    fallback = _first_plan(loss, args, budget, monkeypatch, over=True)
+    assert fallback.stats.step_compiles >= 3  # the mix, the uniform candidate, ...
+    assert fallback.scans != first.scans and fallback.measured_peak_bytes <= budget

@@ -26,10 +26,12 @@ Up to `MOST_COUNTS` counts ``c`` are offered per pair of points (every ``c`` for
 to 16 layers).
 
 The planner runs its rounds on the uniform options first and lets the per-layer ones compete
-only against the plan those verified (`remat._plan._rounds`), so a per-layer plan never
-recomputes more than the uniform plan at the same budget; then the candidate the model puts
-least in memory at no more FLOPs is compiled (`remat._plan._saved.smaller_as_cheap`), and of
-two plans with equal FLOPs the smaller peak is returned.
+only against the plan those verified (`remat._plan._rounds`), or, before the rounds compile
+their first candidate, against that candidate (`remat._plan._first`: the per-layer one that
+beats it is compiled in its place), so a per-layer plan never recomputes more than the
+uniform plan at the same budget; then the candidate the model puts least in memory at no
+more FLOPs is compiled (`remat._plan._saved.smaller_as_cheap`), and of two plans with equal
+FLOPs the smaller peak is returned.
 
 What a mix's program keeps beyond this model is charged to the option the first time one of
 its scan's mixes is checked alone (`_alone.check_alone`), and from then on to the others

@@ -34,10 +34,11 @@ from ._calibrate import Prepared
 from ._calls import near_miss
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._dearer import below_own_recomputation, dearer
+from ._first import instead, per_layer_first
 from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
+from ._named import NEAR, describe, try_given, try_named
 from ._named import ahead as named_ahead
-from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
 from ._options import Choice
 from ._perlayer import uniform_of
@@ -100,9 +101,21 @@ def plan_prepared(
         raise InfeasibleBudget(budget.spec, budget_bytes, floor, peak_of(base),
                                bool(prep.written), floor=floor)  # fmt: skip
     # Uniform plans first, verified; per-layer ones then compete only against the best of
-    # them (`_per_layer`), so a per-layer plan is never dearer than the uniform plan.
+    # them (`_per_layer`), or against the rounds' first candidate, compiled in its place
+    # (`_first.instead`), so a per-layer plan is never dearer than the uniform plan.
     uniform = uniform_of(prep)
-    rounds, solve_seconds, settled = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say)
+    # The predicted peak of the uniform candidate a per-layer plan that fits was compiled in
+    # the place of (`_first.instead`), and `smaller_as_cheap`'s solves made beside its step.
+    replaced: list[float] = []
+    solved: dict = {}
+
+    def first(solution, choice, alone):  # before the rounds' first step compile
+        peak = instead(prep, know, budget_bytes, say, _verify, solution, choice, alone, solved)
+        replaced.extend([] if peak is None else [peak])
+        return peak is not None
+
+    rounds, solve_seconds, settled = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say,
+                                                     first if uniform is not prep else None)  # fmt: skip
     # A plan the compiler made dearer than the model (its own recomputation): compiled
     # candidates under it compete by their compiled FLOPs (`_dearer`).
     rounds += below_own_recomputation(uniform, know, budget_bytes, say, _verify)
@@ -111,8 +124,9 @@ def plan_prepared(
         _verify(prep, know, key, choice, know.margin or 0.0)
 
     if uniform is not prep:
-        rounds += _per_layer(prep, know, budget_bytes, say)
-        rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify)
+        if not replaced:  # else that search ran before the rounds' first step compile
+            rounds += _per_layer(prep, know, budget_bytes, say)
+        rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify, solved=solved)
     cap = None if saved is None else saved.to_bytes(saved_of(prep.baseline))
     if cap is not None:
         rounds += within_saved(prep, know, budget_bytes, cap, say, verify)
@@ -120,7 +134,10 @@ def plan_prepared(
         say("compiling the given strategies")
         try_given(prep, know, budget_bytes, strategies, verify, cap)
     best = best_known(prep, know, budget_bytes, cap)
-    if settled is None and named_wanted(prep, know, best, budget_bytes):  # never worse than one
+    wanted = settled is None and named_wanted(prep, know, best, budget_bytes)
+    if wanted and best is not None and replaced:  # memory reached, as if measured
+        wanted = budget_bytes <= (1 + NEAR) * min(replaced)
+    if wanted:  # never worse than a named strategy
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
                   lambda key, choice, alone: _verify(prep, know, key, choice,
@@ -171,11 +188,16 @@ def plan_prepared(
     )
 
 
-def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, float, int | None]:
+def _uniform_rounds(
+    prep, know, budget_bytes, max_rounds, say, first=None
+) -> tuple[int, float, int | None]:
     """The rounds of the module docstring with ``prep``'s options (uniform ones: see
-    `uniform_of`); every plan compiled is recorded in ``know``. Returns the rounds run, the
-    seconds spent solving, and the least peak predicted where that settles the budget as
-    infeasible without a compile (`_settled.surely_over`), else None."""
+    `uniform_of`); every plan compiled is recorded in ``know``. ``first(solution, choice,
+    alone)`` is called before the first step compile (`_first.instead`): when it returns
+    True, a plan that beats that candidate was compiled and fits, and the rounds end.
+    Returns the rounds run, the seconds spent solving, and the least peak predicted where
+    that settles the budget as infeasible without a compile (`_settled.surely_over`), else
+    None."""
     solve_seconds = 0.0
     rounds = 0
     tight = 0.0
@@ -242,6 +264,10 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
         if known is None and _ample(prep, know, solution, choice, budget_bytes, margin + tight):
             # Far under the budget by the model: checked alone while the step compiles (the
             # check gives the memory outside the scans, not the decision).
+            if first is not None and first(solution, choice, None):
+                rounds += 1
+                break
+            first = None
             say(f"verifying round {rounds + 1}: compiling the step")
             beside = functools.partial(check_alone, prep, know, solution, choice)
             _verify(prep, know, key, choice, margin, beside=beside)
@@ -284,6 +310,10 @@ def _uniform_rounds(prep, know, budget_bytes, max_rounds, say) -> tuple[int, flo
                     fallback = solution  # verified next if ``found`` is over
                     solution, choice, alone = found
                     key = choice_key(choice)
+            if first is not None and first(solution, choice, alone):
+                rounds += 1
+                break
+            first = None
             say(f"verifying round {rounds + 1}: compiling the step")
             after = rounds + 1 < min(ROUNDS, max_rounds) and not (calibrated and searched)
             ahead = functools.partial(_look_ahead, prep, know, budget_bytes, options, tight,
@@ -340,7 +370,7 @@ def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> 
         if best is None:
             break
         say("looking for a cheaper per-layer plan on the scans alone")
-        found = cheaper_candidate(prep, know, budget_bytes, _per_layer_first(prep, know), 0.0,
+        found = cheaper_candidate(prep, know, budget_bytes, per_layer_first(prep, know), 0.0,
                                   excluded, cost(prep, best), band_for(know, True, True),
                                   seen_in(best))  # fmt: skip
         if found is None:
@@ -353,24 +383,6 @@ def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> 
         if best_known(prep, know, budget_bytes) is not best:
             break  # it fits: the cheapest found
     return rounds
-
-
-def _per_layer_first(prep: Prepared, know: Knowledge) -> list[Any]:
-    """The options of `charged_options`, each uniform one of a scan that has per-layer
-    options charged the baseline's FLOPs more, so that the solves of `_per_layer` (whose
-    uniform candidates the rounds before it saw) go to the per-layer ones; the FLOPs
-    compared stay the candidates' own (`step_flops`). Otherwise a uniform candidate checked
-    and found over the budget there would rule out its FLOPs tier (`_search.above_floor`),
-    per-layer candidates of that tier included: one set in every layer run as segments
-    recomputes as much and keeps less (`_perlayer.first_carry`)."""
-    mixed = {c.scan for c in prep.cands if c.pattern}
-    penalty = 2.0 * prep.baseline.flops
-    return [
-        dataclasses.replace(option, flops=option.flops + penalty)
-        if not cand.pattern and cand.scan in mixed
-        else option
-        for option, cand in zip(charged_options(prep, know), prep.cands, strict=True)
-    ]
 
 
 def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None) -> None:

@@ -31,27 +31,23 @@ SAVED_ROUNDS = 4
 
 
 def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any,
-                     verify: Any, saved: int | None = None) -> int:  # fmt: skip
+                     verify: Any, saved: int | None = None,
+                     solved: dict | None = None) -> int:  # fmt: skip
     """Compiles the candidate the model puts least in memory among those that recompute no
     more than the best plan verified, when it is not that plan and the model puts it lower
     (a per-layer one against a uniform plan: and its scans, compiled alone, keep less);
-    ``verify(key, choice)`` compiles and records a step. Returns the steps compiled (0 or 1).
+    ``verify(key, choice)`` compiles and records a step; ``solved`` maps a plan's
+    `choice_key` to `as_cheap_solve`'s solution for it, made before (while it compiled).
+    Returns the steps compiled (0 or 1).
     """
     best = best_known(prep, know, budget_bytes, saved)
     if best is None:
         return 0
-    solution = solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
-                     minimize="memory", max_flops=best.choice.flops * (1 + 1e-9) + 1.0,
-                     **prep.weights)  # fmt: skip
-    if solution is None:
+    solution = (solved or {}).get(choice_key(best.choice), False)
+    found = as_cheap(prep, know, budget_bytes, best.choice, cost(prep, best), solution)
+    if found is None:
         return 0
-    choice = prep.decode(solution)
-    if (
-        choice_key(choice) in know.measured
-        or choice.model_bytes >= best.choice.model_bytes - 1.0
-        or step_flops(prep, choice) > cost(prep, best) * (1 + 1e-9)
-    ):
-        return 0
+    solution, choice = found
     if per_layer(choice) and not per_layer(best.choice) and best.alone is not None:
         # Its scans alone first: a per-layer step keeps more outside its scans than the
         # uniform one (`remat._trace._ends`), so one that keeps no less on them keeps more.
@@ -61,6 +57,34 @@ def smaller_as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, say: An
     say("compiling a plan as cheap that keeps less")
     verify(choice_key(choice), choice)
     return 1
+
+
+def as_cheap(prep: Prepared, know: Knowledge, budget_bytes: int, choice: Any,
+             reference: float, solution: Any = False) -> tuple[Solution, Any] | None:  # fmt: skip
+    """The candidate the model puts least in memory among those that recompute no more than
+    ``choice`` (a `Choice` that costs ``reference`` FLOPs), when it is not ``choice``, has
+    not been compiled and the model puts it lower: ``(solution, choice)``, or None.
+    ``solution``: `as_cheap_solve`'s for ``choice``, where it was solved before."""
+    if solution is False:
+        solution = as_cheap_solve(prep, know, budget_bytes, choice)
+    if solution is None:
+        return None
+    found = prep.decode(solution)
+    if (
+        choice_key(found) in know.measured
+        or found.model_bytes >= choice.model_bytes - 1.0
+        or step_flops(prep, found) > reference * (1 + 1e-9)
+    ):
+        return None
+    return solution, found
+
+
+def as_cheap_solve(prep: Prepared, know: Knowledge, budget_bytes: int, choice: Any) -> Any:
+    """The least memory the model reaches recomputing no more than ``choice``: a `Solution`,
+    or None (see `as_cheap`)."""
+    return solve(prep.nodes, budget_bytes, options=charged_options(prep, know),
+                 minimize="memory", max_flops=choice.flops * (1 + 1e-9) + 1.0,
+                 **prep.weights)  # fmt: skip
 
 
 def within_saved(prep: Prepared, know: Knowledge, budget_bytes: int, saved: int, say: Any,

@@ -33,8 +33,9 @@ BAND = 0.02
 FLOOR_STEP = 1e-3
 # A per-layer candidate priced from its sibling mixes (`_priced`) this far over or under the
 # budget is not compiled alone: on the models measured the price is within 20 KB of the
-# compile, in budgets of 30-90 MB.
-SURE = 0.01
+# compile (within 8 bytes on the vs_torch models' first plans at 40% and 25%, the same set
+# in every layer included), in budgets of 30-90 MB: 0.2% of 30 MB is three times that.
+SURE = 0.002
 # Values tried saved, one at a time, when the least memory the model knows does not fit
 # (`smaller_candidate`).
 PROBES = 8
@@ -88,13 +89,19 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     found = None
     back = 0.0  # bytes the model is stepped back by the candidates found over
     # ``above``: recompute FLOPs of the cheapest candidate found over the budget.
-    for relax in sorted(levels):
+    levels = sorted(levels)
+    ahead = None  # (level, its solve) made while a per-layer check compiled (`_ahead`)
+    for relax in levels:
         while checks < CHECKS:
             floor = above_floor(prep, above)
-            solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
-                             fixed_bytes=prep.base + margin + tight + back,
-                             exclude=excluded, **prep.weights,
-                             min_flops=floor)  # fmt: skip
+            if ahead is not None and ahead[0] == relax:
+                solution = ahead[1]  # solved as it would be now: the check before fitted
+            else:
+                solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
+                                 fixed_bytes=prep.base + margin + tight + back,
+                                 exclude=excluded, **prep.weights,
+                                 min_flops=floor)  # fmt: skip
+            ahead = None
             if solution is None:
                 break
             choice = prep.decode(solution)
@@ -108,6 +115,10 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             alone = None if missed is not None else _priced(
                 prep, know, solution, choice, budget_bytes * (1 + band) - margin)  # fmt: skip
             if alone is None:
+                if missed is None and checks < CHECKS:  # per-layer: the next level's beside
+                    ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
+                                   prep.base + margin + tight + back, excluded, floor,
+                                   (solution, choice))  # fmt: skip
                 alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
@@ -140,6 +151,32 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
 def _same_tier(prep: Prepared, flops: float, other: float | None) -> bool:
     """Whether recompute FLOPs ``flops`` and ``other`` are one tier (`FLOOR_STEP`)."""
     return other is not None and abs(flops - other) < FLOOR_STEP * prep.baseline.flops
+
+
+def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair):
+    """Where ``pair`` (a per-layer ``(solution, choice)`` about to be checked alone) fits,
+    `cheaper_candidate` next solves at the level after ``relax`` (of ``levels``) for one
+    cheaper still: that solve, made now, and its candidate compiled alone beside ``pair``
+    (`compile_alone`: one lowers while the other compiles, and both compile at once) when
+    it is a per-layer candidate not yet compiled. Returns ``(level, solution or None)``
+    for the loop to take where ``pair`` fits, or None after the last level."""
+    later = [r for r in levels if r > relax]
+    if not later:
+        return None
+    solution = solve(prep.nodes, budget_bytes * (1 + later[0]), options=options,
+                     fixed_bytes=fixed, exclude=excluded, **prep.weights,
+                     min_flops=floor)  # fmt: skip
+    pairs = [pair]
+    if solution is not None:
+        choice = prep.decode(solution)
+        if (
+            per_layer(choice)
+            and choice_key(choice) not in know.measured
+            and step_flops(prep, choice) < step_flops(prep, pair[1]) * (1 - 1e-9)
+        ):
+            pairs.append((solution, choice))
+    compile_alone(prep, know, pairs)
+    return later[0], solution
 
 
 def _priced(prep, know, solution, choice, limit) -> float | None:

@@ -1,0 +1,122 @@
+"""Per-layer candidates in the place of the uniform one: the uniform step compiled only when
+it may be the plan.
+
+The rounds (`_rounds`) run on a scan's uniform options first; its per-layer options then
+compete against the plan they verified: the cheapest per-layer candidate its scans alone
+predict to fit (`_rounds._per_layer`), then one as cheap that keeps less
+(`_saved.smaller_as_cheap`). Where one of them wins, the uniform plan's step compile was
+spent on a plan that is not returned. So just before the rounds compile their first
+candidate, `instead` looks for that per-layer candidate on the scans alone, with the
+uniform candidate as the plan to beat and the memory outside the scans known so far, and
+compiles it in the uniform candidate's place: when it fits, the rounds end there (the
+uniform candidate is never compiled, and `_rounds._per_layer` does not search again), and
+when it does not, the rounds compile the uniform candidate next.
+
+The memory outside the scans that a program's first plan knows is the un-checkpointed
+step's (`Prepared.margin`); on the models of `benchmarks/vs_torch.py` a uniform plan's
+differs from it by less than 1 KB, so the search finds the candidate it would have found
+after the uniform step. A per-layer candidate as cheap as the uniform one replaces it only
+when its scans alone keep less by more than `OUTSIDE` of the budget: a per-layer step keeps
+more outside its scans (`remat._trace._ends`; 0.05-0.54 MB on those models), and between
+plans of equal FLOPs the smaller compiled peak wins (`_memo.best_known`). The uniform
+candidate's predicted peak then stands for its measured one where the planner asks how
+little memory the program reaches (`_named.wanted`, in `_rounds.plan_prepared`). While the
+per-layer step compiles, `_saved.smaller_as_cheap`'s solve for it is made beside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ._alone import charged_options, check_alone
+from ._baseline import REFUSED
+from ._calibrate import Prepared
+from ._compile import peak_of
+from ._memo import Knowledge, choice_key, per_layer, step_flops
+from ._options import Choice
+from ._perlayer import uniform_of
+from ._saved import as_cheap, as_cheap_solve
+from ._search import cheaper_candidate
+
+# A per-layer candidate as cheap as the uniform one replaces it when its scans alone keep
+# less by more than this fraction of the budget (the module docstring).
+OUTSIDE = 0.02
+
+
+def instead(
+    prep: Prepared,
+    know: Knowledge,
+    budget_bytes: int,
+    say: Callable[[str], Any],
+    verify: Callable[..., None],
+    solution: Any,
+    choice: Choice,
+    alone: float | None = None,
+    solved: dict | None = None,
+) -> float | None:
+    """Compiles the per-layer candidate that beats uniform ``choice`` (the rounds' next step
+    compile; ``alone`` its scans-alone prediction, checked here when None) in its place, if
+    there is one (module docstring); ``verify`` is `_rounds._verify`. While its step
+    compiles, `_saved.smaller_as_cheap`'s solve for it is made and put in ``solved`` (a
+    dict, if given) under its `choice_key`. Returns, where it fits the budget (the rounds
+    then end without compiling ``choice``), the peak predicted for ``choice``: memory the
+    program reaches, as if it were measured (`_named.wanted`); else None."""
+    if uniform_of(prep) is prep or not prep.scan_fits:
+        return None
+    if alone is None:
+        alone, _ = check_alone(prep, know, solution, choice)
+    margin = know.margin or 0.0
+    found = cheaper_candidate(prep, know, budget_bytes, per_layer_first(prep, know), 0.0, [],
+                              step_flops(prep, choice), 0.0, (choice, alone))  # fmt: skip
+    if found is None:
+        found = _keeps_less(prep, know, budget_bytes, choice, alone, margin)
+    if found is None:
+        return None
+    _, mixed, mixed_alone = found
+    say("verifying a per-layer plan in the uniform one's place: compiling the step")
+    key = choice_key(mixed)
+
+    def meanwhile():  # beside the step's compile (XLA compiles outside the GIL)
+        if solved is not None:
+            solved[key] = as_cheap_solve(prep, know, budget_bytes, mixed)
+
+    verify(prep, know, key, mixed, margin, alone=mixed_alone, ahead=meanwhile)
+    measured = know.measured[key].measured
+    if peak_of(measured) > budget_bytes or measured.peak_source == REFUSED:
+        return None
+    return alone + margin
+
+
+def _keeps_less(prep, know, budget_bytes, choice, alone, margin):
+    """The per-layer candidate as cheap as ``choice`` that the model puts least in memory
+    (`_saved.as_cheap`), when its scans alone keep less than ``choice``'s (``alone``) by
+    more than `OUTSIDE` of the budget and predict a fit: ``(solution, choice, scan-alone
+    prediction)``, or None."""
+    found = as_cheap(prep, know, budget_bytes, choice, step_flops(prep, choice))
+    if found is None or not per_layer(found[1]):
+        return None
+    solution, mixed = found
+    mixed_alone, _ = check_alone(prep, know, solution, mixed)
+    if mixed_alone > alone - OUTSIDE * budget_bytes or mixed_alone + margin > budget_bytes:
+        return None
+    return solution, mixed, mixed_alone
+
+
+def per_layer_first(prep: Prepared, know: Knowledge) -> list[Any]:
+    """The options of `charged_options`, each uniform one of a scan that has per-layer
+    options charged the baseline's FLOPs more, so that the solves of the per-layer searches
+    (whose uniform candidates the rounds see) go to the per-layer ones; the FLOPs compared
+    stay the candidates' own (`step_flops`). Otherwise a uniform candidate checked and found
+    over the budget there would rule out its FLOPs tier (`_search.above_floor`), per-layer
+    candidates of that tier included: one set in every layer run as segments recomputes as
+    much and keeps less (`_perlayer.first_carry`)."""
+    mixed = {c.scan for c in prep.cands if c.pattern}
+    penalty = 2.0 * prep.baseline.flops
+    return [
+        dataclasses.replace(option, flops=option.flops + penalty)
+        if not cand.pattern and cand.scan in mixed
+        else option
+        for option, cand in zip(charged_options(prep, know), prep.cands, strict=True)
+    ]
