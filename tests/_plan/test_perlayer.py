@@ -331,7 +331,7 @@ def _first_plan(loss, args, budget, monkeypatch, over=False):
             know.measured[key] = dataclasses.replace(known, measured=measured)
 
         real = _first.instead
-        monkeypatch.setattr(_rounds, "instead", lambda *a: real(*a[:4], over_budget, *a[5:]))
+        monkeypatch.setattr(_first, "instead", lambda *a: real(*a[:4], over_budget, *a[5:]))
     return remat.plan(loss, *args, budget=budget, per_layer=True, verbose=False)
 
 
@@ -341,14 +341,14 @@ def test_the_per_layer_plan_is_compiled_in_the_uniform_ones_place(stack, planned
     the uniform-first order gives (the uniform plan compiled, then the mix), one step
     compile fewer (the un-checkpointed step and the plan's). Where that candidate measures
     over the budget, the uniform one is compiled after it, and a plan that fits returned."""
-    from remat._plan import _rounds
+    from remat._plan import _first
 
     loss, args = stack
     budget = planned.budget_bytes
     first = _first_plan(loss, args, budget, monkeypatch)
     assert first.scans[0].pattern and first.stats.step_compiles == 2
     with monkeypatch.context() as m:  # the uniform candidate compiled first, as before
-        m.setattr(_rounds, "instead", lambda *a: None)
+        m.setattr(_first, "instead", lambda *a: None)
         before = _first_plan(loss, args, budget, m)
     assert before.stats.step_compiles == 3
     assert (first.scans, first.measured.flops, first.measured_peak_bytes) == (

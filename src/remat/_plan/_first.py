@@ -35,6 +35,7 @@ from ._baseline import REFUSED
 from ._calibrate import Prepared
 from ._compile import peak_of
 from ._memo import Knowledge, choice_key, per_layer, step_flops
+from ._named import NEAR
 from ._options import Choice
 from ._perlayer import uniform_of
 from ._saved import as_cheap, as_cheap_solve
@@ -87,6 +88,35 @@ def instead(
     if peak_of(measured) > budget_bytes or measured.peak_source == REFUSED:
         return None
     return alone + margin
+
+
+@dataclasses.dataclass
+class InPlace:
+    """The rounds' hook before their first step compile (``first`` of
+    `_rounds._uniform_rounds`): `instead`, remembering what it learnt: the predicted peak of
+    the uniform candidate replaced (``replaced``) and `smaller_as_cheap`'s solves made
+    meanwhile (``solved``)."""
+
+    prep: Prepared
+    know: Knowledge
+    budget_bytes: int
+    say: Callable[[str], Any]
+    verify: Callable[..., None]
+    replaced: list[float] = dataclasses.field(default_factory=list)
+    solved: dict = dataclasses.field(default_factory=dict)
+
+    def __call__(self, solution: Any, choice: Choice, alone: float | None) -> bool:
+        peak = instead(self.prep, self.know, self.budget_bytes, self.say, self.verify,
+                       solution, choice, alone, self.solved)  # fmt: skip
+        self.replaced.extend([] if peak is None else [peak])
+        return peak is not None
+
+    def wanted(self, wanted: bool, best: Any) -> bool:
+        """`_named.named_wanted`'s answer ``wanted``, with the replaced candidate's predicted
+        peak counted as memory the program reaches (as if it were measured)."""
+        if wanted and best is not None and self.replaced:
+            return self.budget_bytes <= (1 + NEAR) * min(self.replaced)
+        return wanted
 
 
 def _keeps_less(prep, know, budget_bytes, choice, alone, margin):

@@ -34,11 +34,11 @@ from ._calibrate import Prepared
 from ._calls import near_miss
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._dearer import below_own_recomputation, dearer
-from ._first import instead, per_layer_first
+from ._first import InPlace, per_layer_first
 from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
-from ._named import NEAR, describe, try_given, try_named
 from ._named import ahead as named_ahead
+from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
 from ._options import Choice
 from ._perlayer import uniform_of
@@ -104,16 +104,7 @@ def plan_prepared(
     # them (`_per_layer`), or against the rounds' first candidate, compiled in its place
     # (`_first.instead`), so a per-layer plan is never dearer than the uniform plan.
     uniform = uniform_of(prep)
-    # The predicted peak of the uniform candidate a per-layer plan that fits was compiled in
-    # the place of (`_first.instead`), and `smaller_as_cheap`'s solves made beside its step.
-    replaced: list[float] = []
-    solved: dict = {}
-
-    def first(solution, choice, alone):  # before the rounds' first step compile
-        peak = instead(prep, know, budget_bytes, say, _verify, solution, choice, alone, solved)
-        replaced.extend([] if peak is None else [peak])
-        return peak is not None
-
+    first = InPlace(prep, know, budget_bytes, say, _verify)
     rounds, solve_seconds, settled = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say,
                                                      first if uniform is not prep else None)  # fmt: skip
     # A plan the compiler made dearer than the model (its own recomputation): compiled
@@ -124,9 +115,9 @@ def plan_prepared(
         _verify(prep, know, key, choice, know.margin or 0.0)
 
     if uniform is not prep:
-        if not replaced:  # else that search ran before the rounds' first step compile
+        if not first.replaced:  # else that search ran before the rounds' first step compile
             rounds += _per_layer(prep, know, budget_bytes, say)
-        rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify, solved=solved)
+        rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify, solved=first.solved)
     cap = None if saved is None else saved.to_bytes(saved_of(prep.baseline))
     if cap is not None:
         rounds += within_saved(prep, know, budget_bytes, cap, say, verify)
@@ -134,10 +125,8 @@ def plan_prepared(
         say("compiling the given strategies")
         try_given(prep, know, budget_bytes, strategies, verify, cap)
     best = best_known(prep, know, budget_bytes, cap)
-    wanted = settled is None and named_wanted(prep, know, best, budget_bytes)
-    if wanted and best is not None and replaced:  # memory reached, as if measured
-        wanted = budget_bytes <= (1 + NEAR) * min(replaced)
-    if wanted:  # never worse than a named strategy
+    # Never worse than a named strategy.
+    if first.wanted(settled is None and named_wanted(prep, know, best, budget_bytes), best):
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
                   lambda key, choice, alone: _verify(prep, know, key, choice,
