@@ -192,7 +192,7 @@ CASES = {
         ValueError,
         "remat.plan",
         "budget=1.5",
-        "(0, 1]",
+        "(0, 1], e.g. budget=0.5",
     ),
     "plan-non-scalar": (
         lambda: remat.plan(vector_loss, WS, X, budget="50%"),

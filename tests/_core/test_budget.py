@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from remat._core._budget import format_bytes, parse_budget
+from remat._core._budget import format_bytes, parse_budget, read_budget
 
 
 @pytest.mark.parametrize(
@@ -91,3 +93,14 @@ def test_device_memory_is_read_from_the_backend_and_bounds_the_budget(monkeypatc
 
     with pytest.raises(ValueError, match=r"`remat.plan`.*more than the device's memory \(4096"):
         remat.plan(loss, jnp.ones((2, 4, 4)), jnp.ones((2, 4)), budget="1MiB")
+
+
+def test_a_float_over_one_is_shown_as_bytes_only_where_it_reads_as_bytes():
+    # 1.5 is no byte count: the example is a size that is one; 6e9 reads as one.
+    for got, example in [
+        (1.5, "budget=6_000_000_000."),
+        (6e9, "budget=6_000_000_000."),
+        (2.5e8, "budget=250_000_000."),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(example)):
+            read_budget(got)

@@ -140,3 +140,19 @@ def test_lint_reports_rm009_with_both_figures(model):
     assert "RM009" in codes
     f = next(f for f in findings if f.code == "RM009")
     assert "MiB against" in f.message and "unrolled_model.py" in (f.source or "")
+
+
+def test_a_checkpointed_scan_that_saves_nothing_is_not_said_to_be_outside_a_loop():
+    # Four narrow layers in a scan beside a 2 MiB head and its 2 MiB output: the layers'
+    # activations (4 KiB each) are nothing next to the rest at the peak.
+    def loss(params, x):
+        body = jax.checkpoint(lambda h, w: (jnp.tanh(jnp.tanh(h @ w) @ w), None))
+        h, _ = jax.lax.scan(body, x, params["layers"])
+        return jnp.sum((h @ params["head"]) ** 2)
+
+    params = {"layers": jnp.full((4, 32, 32), 0.1), "head": jnp.full((32, 16384), 0.01)}
+    with pytest.warns(remat.RematWarning, match="not 2% below") as record:
+        m = remat.measure(loss, params, jnp.ones((32, 32)), repeats=0)
+    assert m.saves_nothing
+    message = " ".join(str(r.message) for r in record)
+    assert "inside a loop" in message and "Outside a loop" not in message

@@ -15,6 +15,7 @@ from flax import nnx
 import remat
 from conftest import assert_tree_allclose
 from remat._measure._peak import peak_bytes
+from remat._trace._roll_dataflow import _Flow, _phase
 from remat._trace._roll_detect import find_runs
 from remat._trace._roll_explain import explain_no_roll
 from remat._trace._roll_lift import lift_layer_constants
@@ -476,3 +477,46 @@ def test_a_chain_of_single_plain_equations_is_not_a_run():
     (run,) = check(loss, params, X, X, X, lengths=[4])
     assert run.period > 1
     assert find_runs(jax.make_jaxpr(lambda x, a, b: x + a + b)(X, X, X)) == []
+
+
+def test_layers_of_two_kinds_in_turn_roll_as_pairs():
+    # GPT-Neo alternates global and local attention: the layers differ, the pairs repeat,
+    # and the pair's period is only the gap to a token's occurrence before the last (the
+    # layer's tanh-sin chain makes 24 more frequent gaps).
+    def loss(params, x):
+        for i, p in enumerate(params):
+            h = x @ p["w"]
+            for j in range(1, 25):
+                h = jnp.tanh(h)
+                for _ in range(j):
+                    h = jnp.sin(h)
+            x = x + (jnp.cos(h) if i % 2 else h) + p["b"]  # the local kind: one more equation
+        return jnp.sum(x**2)
+
+    params = dense_params(jax.random.key(4), [W] * 5)
+    (run,) = check(loss, params, X, lengths=[2])
+    assert run.start == 0 and run.period == len(jax.make_jaxpr(loss)(params[:2], X).eqns) - 2
+
+
+def test_the_layers_start_leaves_two_layers_in_a_short_window():
+    # Two layers of two residual blocks, with an equation before them and two after that
+    # repeat a layer's ends (GPT-Neo's embedding sum and final norm): the window is two
+    # layers and three equations. After a block's residual add one value crosses, as at a
+    # layer's start, but at one boundary fewer in the window; a start there leaves one layer.
+    def f(ws, x):
+        x = x * 2.0
+        for w in ws:
+            x = x + jnp.tanh(x @ w)
+            x = x + jnp.sin(x)
+        return jnp.tanh(x @ ws[0])
+
+    jaxpr = jax.make_jaxpr(f)([jnp.eye(W)] * 2, X).jaxpr
+    period = (len(jaxpr.eqns) - 3) // 2
+    assert [e.primitive.name for e in jaxpr.eqns[1 : 1 + period]] == [
+        "dot_general",
+        "tanh",
+        "add",
+        "sin",
+        "add",
+    ]
+    assert _phase(_Flow.of(jaxpr), 0, len(jaxpr.eqns), period) == 1

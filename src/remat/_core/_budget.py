@@ -65,6 +65,11 @@ _OVER_DEVICE = (
 )
 
 
+def _bytes_example(budget: float) -> str:
+    """The float as bytes when it reads as bytes (6e9), else a size that does."""
+    return f"{int(budget):_}" if budget >= 2**20 else "6_000_000_000"
+
+
 def device_memory_bytes(device=None) -> int | None:
     """The memory the backend says ``device`` may use (``memory_stats()['bytes_limit']``).
 
@@ -172,8 +177,8 @@ def read_budget(budget: int | float | str, sensible: bool = False) -> Budget:
         if budget > 1.0:
             raise ValueError(
                 f"`remat.plan` got budget={budget!r}; a float budget is a fraction of the "
-                "un-checkpointed peak and must be in (0, 1]. For bytes pass an int, e.g. "
-                f"budget={int(budget)}."
+                "un-checkpointed peak and must be in (0, 1], e.g. budget=0.5 for half of it. "
+                f"For bytes pass an int, e.g. budget={_bytes_example(budget)}."
             )
         return _fraction(budget, budget, sensible)
     else:

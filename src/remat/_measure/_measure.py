@@ -31,6 +31,7 @@ from .._core._warnings import RematWarning
 from .._shard._sharding import num_devices
 from .._shard._target import as_target, check_repeats, compile_device
 from .._trace._checkpoints import (
+    checkpoint_in_loop,
     checkpoint_sites,
     recompute_requested,
     strip_checkpoints,
@@ -72,6 +73,13 @@ _WHY_OUTSIDE_LOOP = (
     "live as long as the originals. Fix: put the layers in a `jax.lax.scan` (or "
     "`flax.linen.scan` / `nnx.scan`) and checkpoint the scan body, e.g. with "
     "`remat.apply(fn, strategy)`."
+)
+_WHY_IN_LOOP = (
+    "The checkpoints are inside a loop, where the recomputation survives compilation, but what "
+    "they keep out of memory is small next to what else is live at the peak (parameters, "
+    "gradients, the loss head, the inputs): `remat.memory(fn, *args, strategy=...)` shows "
+    "what fills it. Checkpointing pays where the layers' activations are larger (a longer "
+    "sequence, a larger batch)."
 )
 _WHY_TPU = (
     "On TPU the peak is the chip's HBM: the values the checkpoints save from may be kept in "
@@ -347,7 +355,8 @@ def _measure_step(
         _remember(forward_key, forward_flops)
     residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
 
-    requested = recompute_requested(jax.make_jaxpr(target)(*args).jaxpr)
+    traced_target = jax.make_jaxpr(target)(*args).jaxpr
+    requested = recompute_requested(traced_target)
     eliminated, plain_flops, plain_peak = False, None, None
     if not requested:
         _remember(_memo_key(target, spec, args), (flops, memory["peak_bytes"]))
@@ -391,7 +400,11 @@ def _measure_step(
                 name=name,
                 peak=memory["peak_bytes"] / 2**20,
                 plain=plain_peak / 2**20,
-                why=_WHY_TPU if backend == "tpu" else _WHY_OUTSIDE_LOOP,
+                why=_WHY_TPU
+                if backend == "tpu"
+                else _WHY_IN_LOOP
+                if checkpoint_in_loop(traced_target)
+                else _WHY_OUTSIDE_LOOP,
             ),
             RematWarning,
             stacklevel=3,

@@ -268,6 +268,29 @@ def checkpoint_sites(jaxpr: Any, outer: str = "") -> tuple[Site, ...]:
     return tuple(dict.fromkeys(out))  # a site traced twice (a scan's two bodies) counts once
 
 
+_LOOPS = ("scan", "while")
+
+
+def checkpoint_in_loop(jaxpr: Any) -> bool:
+    """Whether a checkpoint of ``jaxpr`` is inside a loop (a `lax.scan` or while body), where
+    the compiler keeps its recomputation.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._checkpoints import checkpoint_in_loop
+      >>> body = jax.checkpoint(lambda h, w: (jnp.sin(h * w), None))
+      >>> checkpoint_in_loop(jax.make_jaxpr(lambda w: jax.lax.scan(body, 1.0, w))(jnp.ones(3)).jaxpr)
+      True
+    """
+    for eqn in jaxpr.eqns:
+        subs = list(_sub_jaxprs(eqn.params))
+        if eqn.primitive.name in _LOOPS and any(_contains_remat(j) for j in subs):
+            return True
+        if any(checkpoint_in_loop(j) for j in subs):
+            return True
+    return False
+
+
 def contains_checkpoint(jaxpr: Any) -> bool:
     """Whether ``jaxpr`` (or a sub-program of it) has a `jax.checkpoint` of its own."""
     return _contains_remat(jaxpr)

@@ -90,7 +90,8 @@ def _classify(flow: _Flow, start: int, period: int, layer: int, q: int) -> list[
 
 
 def _phase(flow: _Flow, lo: int, hi: int, period: int) -> int:
-    """The start in ``[lo, lo + period)`` whose layer boundaries the fewest values cross."""
+    """The start in ``[lo, lo + period)`` whose layer boundaries the fewest values cross
+    (earliest first), among those that leave two layers before ``hi``."""
     cuts = np.zeros(period + 1, np.int64)
     for i in range(lo, hi):
         for v in flow.eqns[i].outvars:
@@ -111,6 +112,10 @@ def _phase(flow: _Flow, lo: int, hi: int, period: int) -> int:
                 cuts[0] += 1
                 cuts[b + 1] -= 1
     crossing = np.cumsum(cuts[:period])
+    # A start late in a window of two layers and a little more leaves one layer: not a run.
+    whole = lo + np.arange(period) + 2 * period <= hi
+    if whole.any() and not whole.all():
+        crossing = np.where(whole, crossing, np.iinfo(np.int64).max)
     return lo + int(np.argmin(crossing))
 
 

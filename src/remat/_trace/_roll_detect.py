@@ -19,7 +19,9 @@ The algorithm, for a jaxpr of ``n`` equations (each step linear in ``n`` unless 
    are counted; a period ``p`` of a run of ``k`` layers shows up ``k - 1`` times for every
    token that occurs once per layer. The 24 most frequent gaps are the candidates. For each,
    ``tok[i] == tok[i - p]`` (one NumPy comparison) gives the maximal periodic stretches;
-   those at least ``2p`` long hold two layers or more. A "layer" of one plain equation
+   those at least ``2p`` long hold two layers or more. The gaps to the occurrence before
+   the last give the period of layers of two kinds in turn (a pair is then one layer); the
+   4 most frequent that are not twice a candidate are tried too. A "layer" of one plain equation
    (no sub-program) is not kept: it has nothing to recompute.
 3. **Phase.** A periodic stretch says nothing about where a layer starts. Of the ``p``
    possible starts, the one cut by the fewest values (a value produced before the cut and
@@ -70,6 +72,7 @@ from ._roll_tokens import _Tokens
 from ._scan_info import _source
 
 _CANDIDATES = 24  # candidate periods tried per jaxpr
+_PAIR_CANDIDATES = 4  # and periods of layers of two kinds in turn
 _CALLS = ("jit", "closed_call")  # searched inside when not part of a run
 
 
@@ -123,13 +126,25 @@ def _nbytes(s) -> int:
 
 
 def _candidates(loose: np.ndarray) -> list[int]:
+    """The most frequent gaps between a token's consecutive occurrences, then the most
+    frequent gaps to its occurrence before that, where such a gap is not twice a candidate:
+    layers of two kinds in turn (GPT-Neo's global and local attention) repeat as a pair,
+    whose period only the second gap shows."""
     last: dict[int, int] = {}
+    before: dict[int, int] = {}
     gaps: collections.Counter = collections.Counter()
+    pairs: collections.Counter = collections.Counter()
     for i, t in enumerate(loose.tolist()):
+        if t in before:
+            pairs[i - before[t]] += 1
         if t in last:
             gaps[i - last[t]] += 1
+            before[t] = last[t]
         last[t] = i
-    return [p for p, n in gaps.most_common(_CANDIDATES) if n >= 1]
+    out = [p for p, _ in gaps.most_common(_CANDIDATES)]
+    twice = {2 * p for p in out}
+    out += [p for p, _ in pairs.most_common(_PAIR_CANDIDATES) if p not in twice and p not in out]
+    return out
 
 
 def _stretches(loose: np.ndarray, p: int) -> list[tuple[int, int]]:
