@@ -68,3 +68,12 @@ def test_a_calibration_point_is_predicted_as_its_scans_alone_predict_it(prepared
     for choice, predicted in prep.calibration:
         alone, _ = check_alone(prep, know, _solution_of(prep, choice), choice, priced=True)
         assert int(alone) == predicted
+
+
+def test_scans_alone_refuse_a_candidate_that_leaves_a_scan_out(prepared):
+    from remat._plan._options import fixed_choice
+
+    prep = prepared
+    choice = fixed_choice(prep.cands, prep.offsets, prep.models, [0], save=True)
+    with pytest.raises(ValueError, match=r"leaves scan\(s\) \[1\] out"):
+        check_alone(prep, Knowledge(prep), _solution_of(prep, choice), choice, priced=True)
