@@ -75,6 +75,12 @@ def check_alone(
     if not prep.scan_fits:
         return prep.base + choice.model_bytes, False
     fits = _fits(prep)
+    left_out = sorted(set(fits) - {prep.cands[o].scan for o in solution.options})
+    if left_out:  # they compile as written, and no scan alone would count them
+        raise ValueError(
+            f"`remat.plan`: a candidate leaves scan(s) {left_out} out of its scans alone; "
+            "its predicted peak would miss them. This is a bug in the planner: please report it."
+        )
     baseline = prep.baseline
     total = float(baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes)
     recharged = False

@@ -46,6 +46,7 @@ from ._options import (
     decode,
     fixed_choice,
     offload_costs,
+    step_point,
 )
 from ._perlayer import period_candidates
 from ._phases import as_alone, contribution, phase_model
@@ -349,9 +350,11 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
         nothing = fixed_choice(cands, offsets, models, [o], save=False)
         unfused = fixed_choice(cands, offsets, models, [o], save="unfused")
         points_ = [everything, nothing]
+        saves = [True, False]
         if unfused.stored not in (everything.stored, nothing.stored):
             points_.append(unfused)
-        plan_points.append((o, info, n, points_))
+            saves.append("unfused")
+        plan_points.append((o, info, n, points_, saves))
     flat = [(p[1], c.choices[p[1].position], p[2]) for p in plan_points for c in p[3]]
     as_written = [(info, None, model.length) for info, model in zip(infos, models, strict=True)]
     read = step_phases is not None and written
@@ -367,7 +370,7 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     fits: list[ScanFit] = []
     points: list[tuple[Any, ...]] = []
     alone: list[tuple[Any, float]] = []
-    for o, info, n, points_ in plan_points:
+    for o, info, n, points_, _ in plan_points:
         contributions = [(c, float(next(temps))) for c in points_]
         fit = calibrate3(contributions) if len(contributions) == 3 else None
         if fit is None:
@@ -387,11 +390,14 @@ def scan_fit(infos, cands, offsets, models, per_step, baseline, device=None, wri
     slice_weight = max(f.slice for f in fits)
     weight = max(f.weight for f in fits)
     # A calibration point of one scan, as a prediction for the whole step: the other scans'
-    # contributions with nothing saved (the least memory each reaches per step).
+    # contributions with nothing saved (the least memory each reaches per step), and its
+    # choice saves nothing in them (`step_point`: left out, they would compile as written).
     calibration = []
     for k, scan_points in enumerate(points):
         rest = sum(p[1][1] for j, p in enumerate(points) if j != k)  # others: nothing saved
-        for choice, added in scan_points:
+        o, others = plan_points[k][0], [p[0] for j, p in enumerate(plan_points) if j != k]
+        for (_, added), save in zip(scan_points, plan_points[k][4], strict=True):
+            choice = step_point(cands, offsets, models, o, save, others)
             calibration.append((choice, int(outside + added + rest)))
     fit = (float(base), float(stored), float(slice_weight), float(weight))
     margin = None

@@ -260,6 +260,28 @@ def fixed_choice(
     return decode(solution, cands, offsets, models, 1.0, 1.0, 1.0)
 
 
+def step_point(cands, offsets, models, o: int, save: bool | str, rest: Sequence[int]) -> Choice:
+    """`fixed_choice` of option ``o`` as a whole step: the options ``rest`` (one per other
+    scan) save nothing, as a calibration point of one scan predicts the step
+    (`remat._plan._calibrate.scan_fit`). A scan a choice leaves out compiles as written,
+    saving everything, and its scans alone would not count it.
+    """
+    one = fixed_solution(cands, offsets, [o], save)
+    if rest:
+        other = fixed_solution(cands, offsets, rest, False)
+        one = dataclasses.replace(
+            one,
+            saved=one.saved | other.saved,
+            recomputed=one.recomputed | other.recomputed,
+            recompute_flops=one.recompute_flops + other.recompute_flops,
+            saved_bytes=one.saved_bytes + other.saved_bytes,
+            transient_bytes=max(one.transient_bytes, other.transient_bytes),
+            options=tuple(sorted((o, *rest))),
+            slice_bytes=one.slice_bytes + other.slice_bytes,
+        )
+    return decode(one, cands, offsets, models, 1.0, 1.0, 1.0)
+
+
 def fixed_solution(
     cands, offsets, options: Sequence[int], save: bool | str | frozenset[int]
 ) -> Solution:
