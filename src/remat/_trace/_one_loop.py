@@ -50,9 +50,9 @@ import numpy as np
 from .._core._flop_tags import branch_scope
 from ._taps import tapped
 from ._vjp_order import after as _after
+from ._vjp_order import cotangents, custom_loop
 from ._vjp_order import floating as _floating
 from ._vjp_order import tie_one as _tie_one
-from ._vjp_order import zero_cotangent as _zero_cotangent
 
 
 def chain(pattern: Sequence[Sequence[str]]) -> list[tuple[str, ...]] | None:
@@ -200,14 +200,6 @@ def one_loop(
                                                 reverse=reverse)  # fmt: skip
         return (list(carry), list(ys)), (bufs, held, carry_in)
 
-    @jax.custom_vjp
-    def run(consts, init, xs):
-        return forward(consts, init, xs, keep=False)[0]
-
-    def fwd(consts, init, xs):
-        out, kept = forward(consts, init, xs, keep=True)
-        return out, (consts, init if head is not None else None, xs, kept)
-
     def bwd(residuals, ct):
         consts, init, xs, (bufs, held, carry_in) = residuals
         ct_carry, ct_ys = ct
@@ -278,15 +270,9 @@ def one_loop(
             back, (list(ct_carry), list(bufs), grads, xgrads), (jnp.arange(length), list(ct_ys)),
             reverse=not reverse,
         )  # fmt: skip
-        return (
-            [_zero_cotangent(c) if g is None else g for c, g in zip(consts, grads, strict=True)],
-            list(ct_carry) if head_vjp is None else list(head_vjp(list(ct_carry))),
-            [_zero_cotangent(x) if g is None else g for x, g in zip(xs, xgrads, strict=True)],
-        )
+        return cotangents(consts, grads, ct_carry, head_vjp, xs, xgrads)
 
-    run.defvjp(fwd, bwd)
-    carry, ys = run(list(consts), list(init), list(xs))
-    return list(carry), list(ys)
+    return custom_loop(forward, bwd, head, consts, init, xs)
 
 
 def _spec(x: Any) -> jax.ShapeDtypeStruct:

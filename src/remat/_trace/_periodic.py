@@ -55,9 +55,9 @@ import jax
 import jax.numpy as jnp
 
 from ._vjp_order import after as _after
+from ._vjp_order import cotangents, custom_loop
 from ._vjp_order import floating as _floating
 from ._vjp_order import tie_one as _tie_one
-from ._vjp_order import zero_cotangent as _zero_cotangent
 
 # The largest period offered: the group body holds this many copies of the layer.
 MAX_PERIOD = 8
@@ -308,14 +308,6 @@ def segments(
         ]
         return (list(carry), ys), kept
 
-    @jax.custom_vjp
-    def run(consts, init, xs):
-        return forward(consts, init, xs, keep=False)[0]
-
-    def fwd(consts, init, xs):
-        out, kept = forward(consts, init, xs, keep=True)
-        return out, (consts, init if head is not None else None, xs, kept)
-
     def bwd(residuals, ct):
         consts, init, xs, kept = residuals
         ct_carry, ct_ys = ct
@@ -366,15 +358,9 @@ def segments(
                 (jnp.arange(start, stop), saved, ct_y),
                 reverse=not reverse,
             )
-        return (
-            [_zero_cotangent(c) if g is None else g for c, g in zip(consts, grads, strict=True)],
-            list(ct_carry) if head_vjp is None else list(head_vjp(list(ct_carry))),
-            [_zero_cotangent(x) if g is None else g for x, g in zip(xs, xgrads, strict=True)],
-        )
+        return cotangents(consts, grads, ct_carry, head_vjp, xs, xgrads)
 
-    run.defvjp(fwd, bwd)
-    carry, ys = run(list(consts), list(init), list(xs))
-    return list(carry), list(ys)
+    return custom_loop(forward, bwd, head, consts, init, xs)
 
 
 def _carried(origin: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -1,10 +1,10 @@
 """What orders a hand-written backward pass: a layer's recomputation held until its cotangent
-arrives, and the cotangents of integer inputs (shared by `remat._trace._periodic` and
-`remat._trace._one_loop`)."""
+arrives, the cotangents of integer inputs, and the `jax.custom_vjp` both forms of a per-layer
+scan run as (shared by `remat._trace._periodic` and `remat._trace._one_loop`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -50,3 +50,47 @@ def floating(x: Any) -> bool:
 def zero_cotangent(x: Any) -> Any:
     """The cotangent of a non-differentiable (integer) input: zeros of JAX's ``float0``."""
     return np.zeros(np.shape(x), dtype=jax.dtypes.float0)
+
+
+def custom_loop(
+    forward: Callable[..., Any],
+    backward: Callable[..., Any],
+    head: Callable[..., Any] | None,
+    consts: Sequence[Any],
+    init: Sequence[Any],
+    xs: Sequence[Any],
+) -> tuple[list[Any], list[Any]]:
+    """``(carry, ys)`` of ``forward(consts, init, xs, keep=False)``, differentiated by
+    ``backward``: a `jax.custom_vjp` whose residuals are ``(consts, init, xs, kept)``, ``init``
+    only with a ``head`` (the code before the loop that makes its first carry, recomputed in
+    the backward pass), ``kept`` what ``forward(..., keep=True)`` returns beside its output."""
+
+    @jax.custom_vjp
+    def run(consts, init, xs):
+        return forward(consts, init, xs, keep=False)[0]
+
+    def fwd(consts, init, xs):
+        out, kept = forward(consts, init, xs, keep=True)
+        return out, (consts, init if head is not None else None, xs, kept)
+
+    run.defvjp(fwd, backward)
+    carry, ys = run(list(consts), list(init), list(xs))
+    return list(carry), list(ys)
+
+
+def cotangents(
+    consts: Sequence[Any],
+    grads: Sequence[Any],
+    ct_carry: Sequence[Any],
+    head_vjp: Callable[..., Any] | None,
+    xs: Sequence[Any],
+    xgrads: Sequence[Any],
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """What the backward pass of `custom_loop` returns: the gradients of ``consts``, of the
+    initial carry (through ``head_vjp`` where a head made it) and of ``xs``; a None gradient
+    is an integer input's (`zero_cotangent`)."""
+    return (
+        [zero_cotangent(c) if g is None else g for c, g in zip(consts, grads, strict=True)],
+        list(ct_carry) if head_vjp is None else list(head_vjp(list(ct_carry))),
+        [zero_cotangent(x) if g is None else g for x, g in zip(xs, xgrads, strict=True)],
+    )
