@@ -99,6 +99,8 @@ def test_counts_of_selected_scans():
     assert scans_as_written(two_scans, remat.Strategy("full", scans=(1,)), ARGS) == (1, 0)
     assert scans_as_written(two_scans, remat.Strategy("full", scans=(0,)), ARGS) == (0, 1)
     assert scans_as_written(two_scans, "none", ARGS) == (0, 0)
+    rewritten = remat.apply(two_scans, "full", override=True)  # already a rewrite: "none"
+    assert scans_as_written(rewritten, "none", ARGS) == (0, 0)  # rewrites nothing more
 
     def no_scan(w, x):  # a program without scans counts as one: the whole function
         return jnp.sum(jax.checkpoint(lambda x: jnp.tanh(x @ w))(x))

@@ -335,7 +335,7 @@ def _measure_step(
         plain, label = fn, strategy_obj.name
     _check_scalar(target, args, spec.has_aux)  # traces `target` at `args`
     if strategy is not None:  # how many of its scans the strategy left as written
-        scans = counted_scans(target) or (0, 0)
+        scans = counted_scans(fn, target) or (0, 0)
 
     step = grad_step(target, spec)
     start = time.perf_counter()

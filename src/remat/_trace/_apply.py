@@ -255,22 +255,23 @@ def scans_as_written(
       ((0, 1), (1, 0))
     """
     rewritten = apply(fn, strategy, roll=roll, override=override)
-    counts = counted_scans(rewritten)
+    counts = counted_scans(fn, rewritten)
     if counts is not None:
         return counts
     with warnings.catch_warnings():  # `apply`'s own warnings are for when it is used
         warnings.simplefilter("ignore", RematWarning)
         jax.make_jaxpr(rewritten)(*args)
-    return counted_scans(rewritten) or (0, 0)
+    return counted_scans(fn, rewritten) or (0, 0)
 
 
-def counted_scans(rewritten: Callable[..., Any]) -> tuple[int, int] | None:
-    """``(applied, as_written)`` for the last input structure ``rewritten`` (a function
-    `apply` returned) was traced at, or None before its first trace; ``(0, 0)`` when `apply`
-    had nothing to rewrite (it returned ``fn`` itself)."""
-    counted = getattr(rewritten, "_remat_scans_counted", None)
-    if counted is None:
+def counted_scans(fn: Callable[..., Any], rewritten: Callable[..., Any]) -> tuple[int, int] | None:
+    """``(applied, as_written)`` that ``rewritten`` (what `apply` returned for ``fn``)
+    recorded when it last traced a new input structure, or None before its first trace;
+    ``(0, 0)`` when `apply` had nothing to rewrite (it returned ``fn`` itself, which may be
+    another rewrite with counts of its own)."""
+    if rewritten is fn:
         return (0, 0)
+    counted = rewritten._remat_scans_counted  # type: ignore[attr-defined]
     return counted[-1] if counted else None
 
 
