@@ -122,12 +122,15 @@ def _check_args_of(args: Sequence[Any], argnums: Any, repeats: int) -> tuple[int
 
 def _check_scalar(
     fn: Callable[..., Any], args: Sequence[Any], has_aux: bool = False, where: str = "remat.measure"
-) -> None:
+) -> Any:
+    """Checks that ``fn`` at ``args`` returns a float scalar (or ``(loss, aux)``), and warns
+    of large arrays it closes over; returns its closed jaxpr (the trace the check made)."""
     try:
-        consts = _check_scalar_of(fn, args, has_aux)
+        closed = _check_scalar_of(fn, args, has_aux)
     except ValueError as err:
         raise renamed(err, "`remat.measure`", f"`{where}`")  # noqa: B904 (`renamed` chains)
-    _warn_closed_over(consts, args, where)
+    _warn_closed_over(list(closed.consts), args, where)
+    return closed
 
 
 def _nbytes(x: Any) -> int:
@@ -168,8 +171,8 @@ def _note_flags_as_shapes(err: Exception, args: Sequence[Any]) -> None:
         err.add_note(_FLAG_AS_SHAPE.format(n=len(flags)))
 
 
-def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> list[Any]:
-    """Checks the output; returns the constants ``fn`` closes over (its jaxpr's)."""
+def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> Any:
+    """Checks the output; returns ``fn``'s closed jaxpr at ``args``."""
     try:
         closed, out = jax.make_jaxpr(fn, return_shape=True)(*args)
     except jax.errors.ConcretizationTypeError as err:
@@ -184,7 +187,7 @@ def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool)
         got = _shapes(out)
         hint = _AUX_HINT if not has_aux and _looks_like_aux(out) else ""
         raise ValueError(_NOT_SCALAR.format(got=got) + hint)
-    return list(closed.consts)
+    return closed
 
 
 def _shapes(out: Any) -> Any:

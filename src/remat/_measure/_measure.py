@@ -333,7 +333,7 @@ def _measure_step(
         strategy_obj = as_strategy(strategy, "remat.measure")
         target = apply(fn, strategy_obj, roll=roll, override=override)
         plain, label = fn, strategy_obj.name
-    _check_scalar(target, args, spec.has_aux)  # traces `target` at `args`
+    traced_target = _check_scalar(target, args, spec.has_aux).jaxpr  # `target` at `args`
     if strategy is not None:  # how many of its scans the strategy left as written
         scans = counted_scans(fn, target) or (0, 0)
 
@@ -355,7 +355,6 @@ def _measure_step(
         _remember(forward_key, forward_flops)
     residuals = saved_residuals(loss_of(target, spec), *args, argnums=argnums)
 
-    traced_target = jax.make_jaxpr(target)(*args).jaxpr
     requested = recompute_requested(traced_target)
     eliminated, plain_flops, plain_peak = False, None, None
     if not requested:
