@@ -4,6 +4,7 @@ inside), and plan files of format 1 (no checksum) still load."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -176,3 +177,28 @@ def test_an_unedited_file_loads_and_carries_a_checksum(tmp_path, written):
     p = remat.load_plan(path, loss, *ARGS)
     assert p.scans[0].schedule == remat.Binomial(8)
     assert bool(jnp.allclose(p.fn(*ARGS), loss(*ARGS)))
+
+
+def test_a_file_records_the_jax_that_made_the_plan(tmp_path, written):
+    assert written["jax_version"] == ""  # the fixture's file is older than the field
+    path = remat.plan(loss, *ARGS, budget=1.0, verbose=False).to_json(tmp_path / "p.json")
+    assert json.loads(path.read_text())["jax_version"] == jax.__version__
+
+
+def test_a_plan_from_another_jax_is_refused_naming_both_versions(tmp_path):
+    """JAX versions trace the same function to different programs (JAX 0.11 writes a scan's
+    inputs as one ``ft_in`` parameter): the refusal says so instead of "the model changed"."""
+    path = tmp_path / "plan.json"
+
+    def other(ws, x):  # a program whose fingerprint differs, as another JAX's trace would
+        return loss(ws, x) * 2.0
+
+    made_there = dataclasses.replace(remat.load_plan(FIXTURE, loss, *ARGS), jax_version="0.9.0")
+    made_there.to_json(path)
+    assert remat.load_plan(path, loss, *ARGS).jax_version == "0.9.0"
+    with pytest.raises(ValueError, match=r"load_plan.*made with JAX 0\.9\.0, and this is JAX \d"):
+        remat.load_plan(path, other, *ARGS)
+    with pytest.raises(ValueError, match=r"apply.*made with JAX 0\.9\.0, and this is JAX \d"):
+        remat.apply(other, str(path))(*ARGS)
+    with pytest.raises(ValueError, match="different program"):  # the same JAX: the model
+        remat.load_plan(FIXTURE, other, *ARGS)

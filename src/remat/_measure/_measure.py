@@ -256,7 +256,11 @@ def measure(
       repeats: timed runs after one warm-up run; 0 skips timing (``seconds=None``).
         Default 5, and 0 with a ``target`` (which is compiled for, never run). With 0 the
         step is compiled as the planner compiles (LLVM's optimisation off: the same memory
-        analysis and HLO in less time), so ``compile_seconds`` is that compile's.
+        analysis and HLO in less time), so ``compile_seconds`` is that compile's. With an
+        ``optimizer`` the timed runs step copies of the parameters (the step donates them,
+        and the caller's stay usable): the device holds the parameters once more than the
+        step's peak while timing (0.71 GiB on the mid-size decoder of
+        ``benchmarks/gpu_bench.py``), so time a model that fills the device in your own loop.
       has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`; the aux is an
         output of the measured step.
       optimizer: an optax ``GradientTransformation``: measure the whole training step

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from .._core._scan_params import scan_counts
 from .._trace._jaxpr_walk import display_path
 from ._measurement import Residual
 
@@ -146,7 +147,7 @@ def _follow(
         return
     if prim == "scan":
         body = eqn.params["jaxpr"]
-        num_consts, num_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        num_consts, num_carry = scan_counts(eqn.params)
 
         def from_body_input(i: int, eqn=eqn) -> None:
             if num_consts <= i < num_consts + num_carry:
@@ -183,7 +184,7 @@ def _walk(jaxpr: Any, var: Any, mult: int) -> tuple[Any, int]:
             continue
         if prim == "scan":
             body = eqn.params["jaxpr"].jaxpr
-            if index >= eqn.params["num_carry"]:
+            if index >= scan_counts(eqn.params)[1]:
                 mult *= int(eqn.params["length"])
             jaxpr, var = body, body.outvars[index]
         else:

@@ -21,7 +21,7 @@ from .._core._errors import renamed
 from .._trace._apply import apply as apply_strategy
 from .._trace._roll_rewrite import roll_unscanned
 from .._trace._tag import planned_scans, rewrite
-from ._json import read_plan, scan_choices
+from ._json import other_jax, read_plan, scan_choices
 from ._result import Plan, fingerprint, scan_fingerprints
 
 _OTHER_PROGRAM = (
@@ -114,6 +114,9 @@ def check_program(plan: Plan, fn: Callable[..., Any], args, kwargs, name: str) -
     if not plan.scan_fingerprint:  # a plan written before scans were fingerprinted
         now = fingerprint(lambda *a: fn(*a, **kwargs), *args)
         if now != plan.fingerprint:
+            other = other_jax(plan, "`remat.apply`", f"for {name}", plan.fingerprint, now)
+            if other:
+                raise ValueError(other)
             raise ValueError(
                 _OTHER_PROGRAM.format(
                     saved=plan.fingerprint, now=now, name=name, count="the whole program's"
@@ -124,6 +127,9 @@ def check_program(plan: Plan, fn: Callable[..., Any], args, kwargs, name: str) -
     exact, structure = scan_fingerprints(scans)
     if exact == plan.scan_fingerprint:
         return
+    other = other_jax(plan, "`remat.apply`", f"for {name}", plan.scan_fingerprint, exact)
+    if other:
+        raise ValueError(other)
     if structure == plan.scan_structure:
         raise ValueError(
             _OTHER_SHAPES.format(

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from .._core._plain import PlainError, check_plain, edited_fields, from_plain
 from .._core._schedule import Binomial, Nested, Schedule
 from .._measure._measurement import Measurement
@@ -23,6 +25,13 @@ _CHANGED = (
     "`remat.load_plan` refuses the plan in {path}: it was made for a different program (its "
     "fingerprint {saved} is not {now}, the fingerprint of the function traced at these "
     "arguments). The model, its shapes or dtypes changed; run `remat.plan` again."
+)
+_OTHER_JAX = (
+    "{where} refuses the plan in {source}: it was made with JAX {saved_jax}, and this is JAX "
+    "{now_jax}, which traces the same function to a different program (fingerprint {saved} "
+    "against {now}). A plan holds for the JAX that made it: plan again with this JAX "
+    "(`remat.plan(loss, *args, budget=...)`, from `jax.ShapeDtypeStruct`s if the values are "
+    "too large here), or use JAX {saved_jax}."
 )
 _BAD_FILE = "`remat.load_plan` cannot read {path}: {why}. Write it with `Plan.to_json(path)`."
 _BAD_FIELD = (
@@ -61,6 +70,7 @@ _OPTIONAL = {
     "scan_fingerprint": str,
     "scan_structure": str,
     "written": tuple[str, ...],
+    "jax_version": str,
 }
 # Least values beyond "not negative", by field name.
 _MINIMUM = {"budget_bytes": 1, "length": 1, "multiplicity": 1, "num_devices": 1}
@@ -114,6 +124,9 @@ def load_plan(
         fn = roll_unscanned(fn)  # the plan's positions are those of the rolled scans
     now = fingerprint(fn, *args)
     if plan.fingerprint != now:
+        other = other_jax(plan, "`remat.load_plan`", path, plan.fingerprint, now)
+        if other:
+            raise ValueError(other)
         raise ValueError(_CHANGED.format(path=path, saved=plan.fingerprint, now=now))
     planned = rewrite(fn, scan_choices(plan))
     if split:  # called with the modules, as ``fn`` is
@@ -173,7 +186,19 @@ def read_plan(path: str | os.PathLike, optimizer: Any = None) -> Plan:
         scan_fingerprint=data.get("scan_fingerprint", ""),
         scan_structure=data.get("scan_structure", ""),
         written=tuple(data.get("written", ())),
+        jax_version=data.get("jax_version", ""),
     )
+
+
+def other_jax(plan: Plan, where: str, source: Any, saved: str, now: str) -> str:
+    """The refusal of a plan whose fingerprint ``saved`` is not ``now`` because another JAX
+    made it ("" when the JAX versions agree, or the plan does not say which made it)."""
+    if not plan.jax_version or plan.jax_version == jax.__version__:
+        return ""
+    return _OTHER_JAX.format(
+        where=where, source=source, saved_jax=plan.jax_version, now_jax=jax.__version__,
+        saved=saved, now=now,
+    )  # fmt: skip
 
 
 def _read(path: str | os.PathLike) -> dict[str, Any]:

@@ -191,6 +191,8 @@ class Plan:
       written: the program's own checkpoints (`jax.checkpoint`, ``nn.remat``) that the plan
         replaces, with their policies and source lines; the baseline is the program as
         written, with them.
+      jax_version: the JAX that traced the program planned (its fingerprints are of that
+        JAX's program: another JAX version traces the same function differently).
     """
 
     fn: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
@@ -211,6 +213,7 @@ class Plan:
     scan_fingerprint: str = ""
     scan_structure: str = ""
     written: tuple[str, ...] = ()
+    jax_version: str = dataclasses.field(default_factory=lambda: jax.__version__, compare=False)
 
     # Marks a plan for the stages below `_plan` (which cannot import this class), e.g. the
     # strategy check that refuses a plan passed where one policy is expected.

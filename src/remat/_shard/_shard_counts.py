@@ -35,6 +35,7 @@ from typing import Any
 import jax
 from jax.extend import core
 
+from .._core._scan_params import scan_counts
 from ._sharding import spec_splits
 
 Splits = tuple[int, ...]
@@ -225,7 +226,7 @@ def _eqn(eqn: Any, ins: list[Splits], env: _Env) -> list[Splits]:
     if name in _RULES:
         return _RULES[name](eqn, ins)
     if name == "scan":
-        consts, carry = params["num_consts"], params["num_carry"]
+        consts, carry = scan_counts(params)
         body_ins = [*ins[: consts + carry], *(s[1:] for s in ins[consts + carry :])]
         body_outs = _run(params["jaxpr"], body_ins, env)
         return [*body_outs[:carry], *((1, *s) for s in body_outs[carry:])]

@@ -38,6 +38,7 @@ from typing import Any
 import jax
 from jax.extend import core as jcore
 
+from .._core._scan_params import scan_counts
 from ._periodic import periodic_loop
 from ._rewrite import _Interpreter
 from ._scan_info import count_eqn, scan_info, sub_jaxprs
@@ -86,7 +87,7 @@ def head_eqns(jaxpr: jcore.Jaxpr, s: int) -> frozenset[int]:
       True
     """
     scan = jaxpr.eqns[s]
-    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    nc, nk = scan_counts(scan.params)
     uses: dict[Any, set[Any]] = {}
     for j, eqn in enumerate(jaxpr.eqns):
         for k, v in enumerate(eqn.invars):

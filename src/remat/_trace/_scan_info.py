@@ -21,6 +21,7 @@ import jax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
+from .._core._scan_params import scan_counts
 from ._jaxpr_walk import display_path, library_dirs
 
 _P = jcore.primitives
@@ -96,6 +97,7 @@ def _source(eqn) -> str:
 
 def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
     p = eqn.params
+    num_consts, num_carry = scan_counts(p)
     own = rel + scopes(eqn)
     return ScanInfo(
         position=position,
@@ -104,8 +106,8 @@ def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -
         length=int(p["length"]),
         reverse=bool(p["reverse"]),
         unroll=int(p["unroll"]),
-        num_consts=int(p["num_consts"]),
-        num_carry=int(p["num_carry"]),
+        num_consts=num_consts,
+        num_carry=num_carry,
         source=_source(eqn),
         jaxpr=p["jaxpr"],
     )
