@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._alone import check_alone, compile_alone
 from ._calibrate import Prepared
+from ._levels import bounded, nothing_cheaper
 from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, fixed_solution
@@ -91,7 +92,23 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     # ``above``: recompute FLOPs of the cheapest candidate found over the budget.
     levels = sorted(levels)
     ahead = None  # (level, its solve) made while a per-layer check compiled (`_ahead`)
-    for relax in levels:
+    # Once a floor is set, the levels left may be ended by one solve at the highest
+    # (`_levels`): where three or more are left, and once per state of the search.
+    bound, probed = bounded(prep, options), None
+    for k, relax in enumerate(levels):
+        state = (len(excluded), back, above, reference)
+        if (
+            bound
+            and above is not None
+            and checks < CHECKS
+            and len(levels) - k > 2
+            and state != probed
+        ):
+            probed = state
+            if nothing_cheaper(prep, budget_bytes * (1 + levels[-1]), options,
+                               prep.base + margin + tight + back, excluded,
+                               above_floor(prep, above), reference):  # fmt: skip
+                break
         while checks < CHECKS:
             floor = above_floor(prep, above)
             if ahead is not None and ahead[0] == relax:
