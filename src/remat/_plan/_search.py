@@ -43,7 +43,8 @@ PROBES = 8
 
 
 def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference,
-                       band=BAND, seen=None, above=None, missed=None, spread=0.0):  # fmt: skip
+                       band=BAND, seen=None, above=None, missed=None, spread=0.0,
+                       solved=False):  # fmt: skip
     """The cheapest plan found with fewer FLOPs than ``reference`` that its scans, compiled
     alone, predict to fit (with the memory outside the scans that the verified plans
     showed): ``(solution, choice, scan-alone prediction)``, or None.
@@ -73,6 +74,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     (another save set of the same FLOPs may fit), a second closes it. Without
     ``missed`` (the per-layer search), a per-layer candidate that two mixes of its save sets
     checked before price more than `SURE` from the budget is not compiled (`_priced`).
+    With ``solved`` (``reference`` is the fewest FLOPs a solve found at the budget, with
+    ``excluded`` less its last, the candidate solved), the first level is not solved again
+    where it cannot find anything cheaper (`_levels`).
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
         return None  # nothing recomputes less than nothing
@@ -96,6 +100,8 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     # (`_levels`): where three or more are left, and once per state of the search.
     bound, probed = bounded(prep, options), None
     for k, relax in enumerate(levels):
+        if k == 0 and relax == 0.0 and solved and bound:
+            continue  # the solve that found ``reference``, less that candidate
         state = (len(excluded), back, above, reference)
         if (
             bound
