@@ -189,6 +189,27 @@ def test_mixes_of_two_pareto_points_in_two_runs_of_layers():
     assert counts(6, most=2) == [2, 4]
 
 
+def test_the_per_layer_options_found_beside_the_rounds_are_those_found_at_once(stack):
+    """`prepare` with ``later`` returns the uniform options and finds the per-layer ones on a
+    thread (`_mixes`): completed, they are the mixes `period_candidates` gives, appended after
+    the uniform options, and the program's `Knowledge` keeps the completed `Prepared`."""
+    from remat._plan._calibrate import prepare
+    from remat._plan._memo import Knowledge
+    from remat._plan._mixes import completed, finding
+
+    loss, args = stack
+    prep = prepare(loss, args, 0, True, per_layer=True, later=True)
+    assert finding(prep) and not any(c.pattern for c in prep.cands)
+    know = Knowledge(prep)
+    full = completed(prep, know)
+    more = tuple(period_candidates(prep.models, prep.cands, prep.stored, prep.slice, prep.weight))
+    assert more and full.cands == prep.cands + more
+    assert full.options == prep.options + tuple(c.option for c in more)
+    assert full.offsets == prep.offsets + (len(prep.nodes),) * len(more)
+    assert [len(e) for e in full.option_extra] == [len(full.cands)]
+    assert know.prepared is full and completed(prep, know) is full and not finding(full)
+
+
 def test_a_mix_between_two_uniform_plans_is_chosen_by_the_solver():
     """Two save sets of one layer: {value} (4 bytes, no FLOPs) and {} (10 FLOPs); 8 layers. A
     budget between the uniform plans' memory (8 * 4 and 0 bytes stored) takes the mix of

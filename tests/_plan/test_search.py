@@ -92,6 +92,7 @@ def _search_fake(monkeypatch, cands, alone, seen_alone):
 
     monkeypatch.setattr(_search, "solve", solve)
     monkeypatch.setattr(_search, "check_alone", check_alone)
+    monkeypatch.setattr(_search, "bounded", lambda *_: False)  # no integer program (`_levels`)
     found = _search.cheaper_candidate(prep, N(margin=0.0, measured={}), 1000, None, 0.0, [plan],
                                       reference=130.0, band=0.0, seen=(plan.choice, seen_alone),
                                       missed=[])  # fmt: skip
@@ -190,3 +191,50 @@ def test_model_flops_are_shared_among_the_devices_as_measured_flops_are(prepared
         know.measured[choice_key(choice)] = Known(choice, m, 1)
     assert cost(prep, know.measured[choice_key(full)]) == pytest.approx(measured_full)
     assert best_known(prep, know, budget_bytes=2).choice is full
+
+
+def test_one_solve_at_the_highest_level_ends_the_levels_left(prepared, monkeypatch):
+    """Once a candidate found over the budget sets a floor, a solve at the highest level that
+    finds nothing cheaper ends the search (`_levels`): the candidates that fit a budget fit
+    every larger one. The same candidates are checked and the same found, with fewer solves."""
+    from remat._plan import _levels
+
+    prep = prepared
+    budget = peak_of(prep.baseline)
+    real_solve, real_bounded = _search.solve, _search.bounded
+    first = real_solve(prep.nodes, budget, options=prep.options, fixed_bytes=prep.base,
+                       **prep.weights)  # fmt: skip
+    # Cheaper than the reference: only the candidate the first solve finds, and its tier.
+    step = _search.FLOOR_STEP * prep.baseline.flops
+    reference = prep.baseline.flops + first.recompute_flops + step / 2
+    seen = (prep.decode(first), 0.0)  # the model overestimates: three levels more
+
+    def run(probe):
+        know, checked, solves = Knowledge(prep), [], []
+
+        def check_alone(prep_, know_, solution, choice):  # each candidate over the budget
+            checked.append(solution.recompute_flops)
+            return budget * (1 + _search.BAND) + EXCESS - (know_.margin or 0.0), False
+
+        def solve(*args, **kwargs):
+            solves.append(args[1])
+            return real_solve(*args, **kwargs)
+
+        monkeypatch.setattr(_search, "check_alone", check_alone)
+        monkeypatch.setattr(_search, "solve", solve)
+        monkeypatch.setattr(_levels, "solve", solve)
+        monkeypatch.setattr(_search, "bounded", real_bounded if probe else lambda *_: False)
+        monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)  # one over closes a tier
+        found = _search.cheaper_candidate(prep, know, budget, prep.options, 0.0, [],
+                                          reference, seen=seen, missed=[])  # fmt: skip
+        return found, checked, solves
+
+    found, checked, solves = run(probe=True)
+    found_, checked_, solves_ = run(probe=False)
+    assert found is None and found_ is None
+    assert checked == checked_ == [first.recompute_flops]
+    # Without the probe: the level that checked it (twice: the floor's solve finds its
+    # tier) and one solve per level left (five more); with it, one solve for all of those.
+    levels = len(solves_) - 1
+    assert levels == 6
+    assert solves == [*solves_[:2], max(solves_)]

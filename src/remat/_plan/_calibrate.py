@@ -38,6 +38,7 @@ from ._compile import light_peak, peak_of
 from ._costmodel import ScanModel, model_scans
 from ._fit import SLICE_WEIGHT, calibrate, calibrate3
 from ._milp import Node, Option
+from ._mixes import Later
 from ._options import (
     Candidate,
     alone_key,
@@ -120,6 +121,9 @@ class Prepared:
     # Where the scan-alone programs of a sharded program are placed (`_sharded`); None on
     # one device.
     placement: Any = None
+    # The per-layer options still being found (`_mixes.Later`: `prepare` with ``later``);
+    # None once they are in ``cands``, or where none were asked for.
+    later: Any = None
 
     @property
     def weights(self) -> dict[str, float]:
@@ -158,6 +162,7 @@ def prepare(
     progress: Any = None,
     baseline: Measurement | None = None,
     per_layer: bool = False,
+    later: bool = False,
 ):
     """Everything `plan` needs before it sees a budget (see `Prepared`).
 
@@ -166,7 +171,9 @@ def prepare(
     memory model is calibrated on scan-alone programs (`scan_fit`). On a mesh the step is
     compiled first, and the scan-alone programs are placed as its forward loop holds the
     scans' inputs (`_sharded`); a program whose shardings only a `jax.jit` declares (no mesh
-    among its arguments) is calibrated on compiled steps instead (`step_fit`).
+    among its arguments) is calibrated on compiled steps instead (`step_fit`). With
+    ``per_layer`` and ``later``, the per-layer options are found on a thread while the
+    caller goes on with the uniform ones (`_mixes.completed` waits for them).
     """
     if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
@@ -240,7 +247,10 @@ def prepare(
             phases = None
             margin = recomputing_margin(recomputing, infos, cands, offsets, models, alone)
     base, stored, slice_weight, weight = fit
-    if per_layer:  # mixes of the fitted model's Pareto points, options without nodes
+    pending = None
+    if per_layer and later:  # found beside the uniform rounds (`_mixes`)
+        pending = Later(models, cands, stored, slice_weight, weight)
+    elif per_layer:  # mixes of the fitted model's Pareto points, options without nodes
         clock = time.perf_counter()
         more = period_candidates(models, cands, stored, slice_weight, weight)
         cands += more
@@ -277,6 +287,7 @@ def prepare(
         limit=memory_limit(refusal, compile_device(args)),
         phases=phases,
         placement=placed,
+        later=pending,
         compiled=() if recomputing is None else (
             (fixed_choice(cands, offsets, models, per_step, save=False),
              dataclasses.replace(recomputing, strategy="plan")),

@@ -35,6 +35,7 @@ from ._baseline import REFUSED
 from ._calibrate import Prepared
 from ._compile import peak_of
 from ._memo import Knowledge, choice_key, per_layer, step_flops
+from ._mixes import completed
 from ._named import NEAR
 from ._options import Choice
 from ._perlayer import uniform_of
@@ -93,7 +94,8 @@ def instead(
 @dataclasses.dataclass
 class InPlace:
     """The rounds' hook before their first step compile (``first`` of
-    `_rounds._uniform_rounds`): `instead`, remembering what it learnt: the predicted peak of
+    `_rounds._uniform_rounds`): `instead` (with the per-layer options, `_mixes.completed`),
+    remembering what it learnt: the predicted peak of
     the uniform candidate replaced (``replaced``) and `smaller_as_cheap`'s solves made
     meanwhile (``solved``)."""
 
@@ -106,8 +108,8 @@ class InPlace:
     solved: dict = dataclasses.field(default_factory=dict)
 
     def __call__(self, solution: Any, choice: Choice, alone: float | None) -> bool:
-        peak = instead(self.prep, self.know, self.budget_bytes, self.say, self.verify,
-                       solution, choice, alone, self.solved)  # fmt: skip
+        peak = instead(completed(self.prep, self.know), self.know, self.budget_bytes, self.say,
+                       self.verify, solution, choice, alone, self.solved)  # fmt: skip
         self.replaced.extend([] if peak is None else [peak])
         return peak is not None
 

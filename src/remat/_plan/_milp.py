@@ -35,11 +35,17 @@ chosen. Solved exactly by HiGHS through
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
+
+# One HiGHS solve at a time in this process: the planner solves on a second thread too
+# (`_mixes`), and the solves need not be run side by side with each other, only with XLA's
+# compiles.
+_HIGHS = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,15 +406,16 @@ def solve(
     # programs are small, so they are solved without it.
     options_ = {"time_limit": time_limit, "mip_rel_gap": 1e-9, "presolve": False}
     constraints = [LinearConstraint(matrix, np.array(lo), np.array(hi))] if lo else []
-    result = milp(first, constraints=constraints, integrality=integrality, bounds=bounds,
-                  options=options_)  # fmt: skip
-    if result.x is not None:
-        best = float(first @ np.round(result.x))
-        keep = LinearConstraint(first[None, :], -np.inf, best + 1e-9 * max(1.0, abs(best)))
-        tie = milp(second, constraints=[*constraints, keep], integrality=integrality,
-                   bounds=bounds, options=options_)  # fmt: skip
-        if tie.x is not None:
-            result = tie
+    with _HIGHS:
+        result = milp(first, constraints=constraints, integrality=integrality, bounds=bounds,
+                      options=options_)  # fmt: skip
+        if result.x is not None:
+            best = float(first @ np.round(result.x))
+            keep = LinearConstraint(first[None, :], -np.inf, best + 1e-9 * max(1.0, abs(best)))
+            tie = milp(second, constraints=[*constraints, keep], integrality=integrality,
+                       bounds=bounds, options=options_)  # fmt: skip
+            if tie.x is not None:
+                result = tie
     if result.x is None:
         return None
     solution = _solution(nodes, options, np.round(result.x))

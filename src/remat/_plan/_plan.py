@@ -273,9 +273,9 @@ def knowledge(
         hash(key)
     know = recall(key, fn, args) if key is not None else None
     if know is None:
-        know = Knowledge(
-            prepare(fn, args, argnums, schedules, host_bandwidth, progress, per_layer=per_layer)
-        )
+        # The per-layer options are found beside the uniform rounds (`_mixes`).
+        know = Knowledge(prepare(fn, args, argnums, schedules, host_bandwidth, progress,
+                                 per_layer=per_layer, later=True))  # fmt: skip
         if key is not None:
             remember(key, know)
     return know

@@ -37,6 +37,7 @@ from ._dearer import below_own_recomputation, dearer
 from ._first import InPlace, per_layer_first
 from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
+from ._mixes import completed, finding
 from ._named import ahead as named_ahead
 from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
@@ -103,18 +104,21 @@ def plan_prepared(
     # Uniform plans first, verified; per-layer ones then compete only against the best of
     # them (`_per_layer`), or against the rounds' first candidate, compiled in its place
     # (`_first.instead`), so a per-layer plan is never dearer than the uniform plan.
+    # (Per-layer options still being found, `_mixes`, are completed where first needed.)
     uniform = uniform_of(prep)
+    mixed = finding(prep) or uniform is not prep
     first = InPlace(prep, know, budget_bytes, say, _verify)
     rounds, solve_seconds, settled = _uniform_rounds(uniform, know, budget_bytes, max_rounds, say,
-                                                     first if uniform is not prep else None)  # fmt: skip
+                                                     first if mixed else None)  # fmt: skip
     # A plan the compiler made dearer than the model (its own recomputation): compiled
     # candidates under it compete by their compiled FLOPs (`_dearer`).
     rounds += below_own_recomputation(uniform, know, budget_bytes, say, _verify)
+    prep = completed(prep, know)
 
     def verify(key, choice):  # a step compiled beside the rounds' own
         _verify(prep, know, key, choice, know.margin or 0.0)
 
-    if uniform is not prep:
+    if mixed:
         if not first.replaced:  # else that search ran before the rounds' first step compile
             rounds += _per_layer(prep, know, budget_bytes, say)
         rounds += smaller_as_cheap(prep, know, budget_bytes, say, verify, solved=first.solved)
@@ -220,7 +224,7 @@ def _uniform_rounds(
                              min_flops=above_floor(prep, above), **weights)  # fmt: skip
         # A cheaper candidate found on the scans alone is compiled as it is.
         looked = pending is not None and not search_again
-        pending = None
+        fresh, pending = pending is None, None  # ``solution`` the fewest FLOPs that fit?
         smallest = solution is None
         if smallest:  # nothing fits the model: the least memory it knows
             solution = solve(prep.nodes, budget_bytes, options=options, minimize="memory",
@@ -294,7 +298,8 @@ def _uniform_rounds(
                                            step_flops(prep, choice),
                                            band_for(know, calibrated, False),
                                            (choice, alone), above, missed,
-                                           memory_spread(prep, know, first_margin))  # fmt: skip
+                                           memory_spread(prep, know, first_margin),
+                                           solved=fresh and rival is None)  # fmt: skip
                 if found is not None:
                     fallback = solution  # verified next if ``found`` is over
                     solution, choice, alone = found

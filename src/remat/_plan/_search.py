@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._alone import check_alone, compile_alone
 from ._calibrate import Prepared
+from ._levels import bounded, nothing_cheaper
 from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, fixed_solution
@@ -42,7 +43,8 @@ PROBES = 8
 
 
 def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, reference,
-                       band=BAND, seen=None, above=None, missed=None, spread=0.0):  # fmt: skip
+                       band=BAND, seen=None, above=None, missed=None, spread=0.0,
+                       solved=False):  # fmt: skip
     """The cheapest plan found with fewer FLOPs than ``reference`` that its scans, compiled
     alone, predict to fit (with the memory outside the scans that the verified plans
     showed): ``(solution, choice, scan-alone prediction)``, or None.
@@ -72,6 +74,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     (another save set of the same FLOPs may fit), a second closes it. Without
     ``missed`` (the per-layer search), a per-layer candidate that two mixes of its save sets
     checked before price more than `SURE` from the budget is not compiled (`_priced`).
+    With ``solved`` (``reference`` is the fewest FLOPs a solve found at the budget, with
+    ``excluded`` less its last, the candidate solved), the first level is not solved again
+    where it cannot find anything cheaper (`_levels`).
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
         return None  # nothing recomputes less than nothing
@@ -91,7 +96,25 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     # ``above``: recompute FLOPs of the cheapest candidate found over the budget.
     levels = sorted(levels)
     ahead = None  # (level, its solve) made while a per-layer check compiled (`_ahead`)
-    for relax in levels:
+    # Once a floor is set, the levels left may be ended by one solve at the highest
+    # (`_levels`): where three or more are left, and once per state of the search.
+    bound, probed = bounded(prep, options), None
+    for k, relax in enumerate(levels):
+        if k == 0 and relax == 0.0 and solved and bound:
+            continue  # the solve that found ``reference``, less that candidate
+        state = (len(excluded), back, above, reference)
+        if (
+            bound
+            and above is not None
+            and checks < CHECKS
+            and len(levels) - k > 2
+            and state != probed
+        ):
+            probed = state
+            if nothing_cheaper(prep, budget_bytes * (1 + levels[-1]), options,
+                               prep.base + margin + tight + back, excluded,
+                               above_floor(prep, above), reference):  # fmt: skip
+                break
         while checks < CHECKS:
             floor = above_floor(prep, above)
             if ahead is not None and ahead[0] == relax:
