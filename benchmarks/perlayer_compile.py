@@ -10,9 +10,11 @@ On the models of `benchmarks/vs_torch.py` (8 layers in one ``lax.scan``), in one
   how `remat.plan` verifies a plan). Per plan the median CPU seconds of this process
   (``time.process_time``: the machine's other jobs take little of it) and wall seconds,
   their spread, and the median of the per-pair ratios;
-- forms: the same step in other forms of the per-layer plan's save sets (``FORMS``), CPU
-  seconds beside the uniform plan's, with the compiled peak and FLOPs over the
-  un-checkpointed step.
+- forms: at each budget whose per-layer plan mixes two save sets, the same step in other
+  forms of its save sets, CPU seconds beside the uniform plan's (each split into JAX's
+  trace and lowering, and XLA's compile with its default options and with LLVM's
+  optimisation off, the planner's options: where the time goes), with the optimised HLO's
+  size, the compiled peak and the FLOPs over the un-checkpointed step.
 
 Usage:
   PYTHONPATH=src python benchmarks/perlayer_compile.py [--arch gpt,mlp] [--budgets 40%,25%]
@@ -53,7 +55,8 @@ OPTIONS = {"default": None, "planner's": COMPILER_OPTIONS}
 PLAN_HEAD = ("budget", "options", "uniform plan: CPU s (min-max)", "per-layer plan: CPU s (min-max)",
              "per-layer / uniform, CPU (pairs min-max)", "wall s: uniform / per-layer (ratio)",
              "saved per layer")  # fmt: skip
-FORM_HEAD = ("form", "CPU s (x uniform plan)", "loops", "HLO lines", "peak MiB", "FLOPs")
+FORM_HEAD = ("form", "CPU s (x uniform plan)", "of which: lower / LLVM opt", "LLVM opt off",
+             "loops", "HLO lines", "peak MiB", "FLOPs")  # fmt: skip
 
 
 def compile_once(fn, args, options, one_loop: bool = False) -> tuple[float, float, object]:
@@ -68,6 +71,24 @@ def compile_once(fn, args, options, one_loop: bool = False) -> tuple[float, floa
             lowered.compile() if options is None else lowered.compile(compiler_options=options)
         )
         return time.perf_counter() - wall, time.process_time() - cpu, compiled
+    finally:
+        _periodic.ONE_LOOP = before
+
+
+def compile_parts(fn, args, one_loop: bool) -> tuple[float, float, float]:
+    """CPU seconds of ``(lowering, compiling with XLA's default options, compiling with the
+    planner's)`` of the step ``jax.value_and_grad(fn)`` (lowered once, compiled twice)."""
+    before, _periodic.ONE_LOOP = _periodic.ONE_LOOP, one_loop
+    try:
+        cpu = time.process_time()
+        lowered = jax.jit(jax.value_and_grad(lambda *a: fn(*a))).lower(*args)
+        lower = time.process_time() - cpu
+        cpu = time.process_time()
+        lowered.compile()
+        default = time.process_time() - cpu
+        cpu = time.process_time()
+        lowered.compile(compiler_options=COMPILER_OPTIONS)
+        return lower, default, time.process_time() - cpu
     finally:
         _periodic.ONE_LOOP = before
 
@@ -118,7 +139,8 @@ def planned(loss, args, budgets, repeats) -> tuple[list[list[str]], dict]:
 
 
 def forms(loss, args, plan, base_flops, repeats) -> list[list[str]]:
-    """The per-layer plan's save sets in each form, beside the uniform plan."""
+    """The per-layer plan's save sets in each form, beside the uniform plan: CPU seconds of
+    lowering and compiling (`compile_parts`), each form in turn, the order rotating each round."""
     uniform, mixed = plan[False], plan[True]
     scan = planned_scans(loss, *args)[0]
     (chosen,) = [s for s in mixed.scans if s.pattern]
@@ -132,8 +154,16 @@ def forms(loss, args, plan, base_flops, repeats) -> list[list[str]]:
         "the per-layer plan as segments (the planner's form)": (mixed_fn, False),
         "the per-layer plan in one loop each way (`_one_loop`)": (mixed_fn, True),
     }  # fmt: skip
-    t = interleaved(fns, args, None, repeats)
-    ref = statistics.median(c for _, c in t["the uniform plan (plain scan)"])
+    t: dict[str, list] = {k: [] for k in fns}
+    labels = list(fns)
+    for r in range(repeats):
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+            t[label].append(compile_parts(fns[label][0], args, fns[label][1]))
+
+    def median(label, k):
+        return statistics.median(p[k] for p in t[label])
+
+    ref = median("the uniform plan (plain scan)", 0) + median("the uniform plan (plain scan)", 1)
     rows = []
     for label, (fn, one_loop) in fns.items():
         hlo = compile_once(fn, args, None, one_loop)[2].as_text()
@@ -142,10 +172,12 @@ def forms(loss, args, plan, base_flops, repeats) -> list[list[str]]:
             m = remat.measure(fn, *args)
         finally:
             _periodic.ONE_LOOP = before
-        cpu = statistics.median(c for _, c in t[label])
-        rows.append([label, f"{cpu:.2f} ({cpu / ref:.2f}x)", str(hlo.count(" while(")),
-                     str(len(hlo.splitlines())), f"{compiled_peak(m) / MIB:.2f}",
-                     f"+{m.flops / base_flops - 1:.2%}"])  # fmt: skip
+        lower, default, off = (median(label, k) for k in range(3))
+        cpu = lower + default
+        rows.append([label, f"{cpu:.2f} ({cpu / ref:.2f}x)",
+                     f"{lower:.2f} / {default - off:.2f}", f"{off:.2f}",
+                     str(hlo.count(" while(")), str(len(hlo.splitlines())),
+                     f"{compiled_peak(m) / MIB:.2f}", f"+{m.flops / base_flops - 1:.2%}"])  # fmt: skip
     return rows
 
 
@@ -171,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                     PLAN_HEAD, rows)  # fmt: skip
         mixed = [s for s in budgets if any(p.pattern and len(set(p.pattern)) > 1
                                            for p in plans[s][True].scans)]  # fmt: skip
-        form_rows = forms(loss, args, plans[mixed[-1]], base.flops, FORM_REPEATS) if mixed else []
-        if form_rows:
-            print_table(f"{kind} {mixed[-1]}: forms", FORM_HEAD, form_rows)
+        form_rows = {s: forms(loss, args, plans[s], base.flops, FORM_REPEATS) for s in mixed}
+        for spec, rows_ in form_rows.items():
+            print_table(f"{kind} {spec}: forms", FORM_HEAD, rows_)
         load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
         parts += [
             "",
@@ -184,10 +216,12 @@ def main(argv: list[str] | None = None) -> int:
             "",
             markdown_table(PLAN_HEAD, rows),
         ]
-        if form_rows:
-            parts += ["", f"The {mixed[-1]} plan's save sets in other forms (default options, "
-                      f"CPU s, {FORM_REPEATS} compiles each, interleaved):", "",
-                      markdown_table(FORM_HEAD, form_rows)]  # fmt: skip
+        for spec, rows_ in form_rows.items():
+            parts += ["", f"The {spec} plan's save sets in other forms (CPU s of lowering and "
+                      f"compiling with default options, {FORM_REPEATS} times each, "
+                      f"interleaved; of which JAX's lowering and LLVM's optimisation, the "
+                      f"default compile less the compile with it off):", "",
+                      markdown_table(FORM_HEAD, rows_)]  # fmt: skip
     command = "PYTHONPATH=src python benchmarks/perlayer_compile.py"
     title = (
         "Per-layer plans: compile time against the uniform plan (`benchmarks/perlayer_compile.py`)"
@@ -209,24 +243,35 @@ INTRO = (
 OUTRO = (
     "Where the time goes: a plan whose layers save two sets runs as segments (one loop per "
     "run of layers saving one set; XLA removes the loop of a lone layer and inlines it), so "
-    "XLA compiles a second copy of the layer, forward and backward; a plan with one set in "
-    "every layer as segments (chosen for its smaller peak at equal FLOPs) costs only the "
-    "segments' custom VJP. The forms table has the save sets of the last budget's plan: the "
-    "plain scan with the larger set in every layer compiles within about 1.1x of the uniform "
-    "plan, the second set is what costs. The one-loop form (`remat._trace._one_loop`, for "
-    "sets that nest, as the planner's do: one forward and one backward body for all layers, "
-    "a layer saving less recomputing in a `lax.switch` what it did not keep and writing it "
-    "into a slot already read) compiles in less, but peaks higher, and can recompute more: "
-    "a loop holds its buffers to its end, so that layer's recomputation is live beside every "
-    "other layer's values, where segments run it once the other run's values are freed; "
-    "and what the switch recomputes is not shared with the recomputation of the VJP after "
-    "it (on the GPT a matmul runs in both). The planner keeps segments. Tried and not kept: one forward loop with a backward loop per "
-    "run (one forward body fewer: no faster on the GPT plans, slower on the MLP, the "
-    "scatters into per-run buffers costing what the shared body saves); the lone layer "
-    "kept as a loop, or its checkpoint without `prevent_cse` (no change: XLA removes a loop "
-    "of one step either way); the one-loop form with the switch returning the values "
-    "instead of writing them into the buffers (a peak one value higher still: the switch's "
-    "output stays live through the VJP)."
+    "XLA compiles a second copy of the layer, forward and backward: the optimised HLO has "
+    "1.9-2.0x the uniform plan's lines, and each part of the compile grows with it (JAX's "
+    "lowering, XLA's passes and code generation, LLVM's optimisation: the columns of the "
+    "forms tables). A plan with one set in every layer as segments (chosen for its smaller "
+    "peak at equal FLOPs) costs only the segments' custom VJP; the plain scan with the larger "
+    "set in every layer compiles within about 1.1x of the uniform plan: the second set is "
+    "what costs. The one-loop form (`remat._trace._one_loop`, for sets that nest, as the "
+    "planner's do) has one forward body and one backward VJP for all layers, a layer saving "
+    "less computing in a `lax.switch` what it did not keep and the values of its "
+    "recomputation that the VJP would compute again, so it recomputes what segments do (the "
+    "same FLOPs). It compiles in less where the layer is large (the GPT), hardly less on the "
+    "MLP stack (whose switch branch is most of a layer's forward pass), and peaks higher: a "
+    "loop holds its buffers to its end, so a layer saving less recomputes beside every other "
+    "layer's values, where segments run it once the other run's values are freed; and the "
+    "switch computes what it gives the VJP before the VJP's backward pass starts, where "
+    "segments compute each value when XLA's schedule needs it (on the GPT at 25%, the "
+    "attention's values live through the MLP's backward pass). The planner keeps segments. "
+    "Tried and not kept: "
+    "the switch around the whole VJP of each set (one forward body, a backward per set: the "
+    "same FLOPs, MLP 25% 1.39x with a peak 3.5 MiB over the segments', the recomputing "
+    "layer's working set beside every buffer); the switch giving the VJP every value its "
+    "backward pass reads (GPT 25% 58.92 MiB, MLP 41.28: elementwise values XLA would fuse "
+    "are written out); the recomputation in a `while` loop of zero or one step whose state "
+    "is the buffer, or the buffer passed through the switch, to write in place (no lower "
+    "peak: XLA copies a buffer passed through a `switch` whole, and a matmul's output is "
+    "written apart from the slot it goes to either way); one forward loop with a backward "
+    "loop per run (no faster on the GPT plans, slower on the MLP); the lone layer kept as a "
+    "loop, or its checkpoint without `prevent_cse` (no change: XLA removes a loop of one step "
+    "either way)."
 )
 
 if __name__ == "__main__":

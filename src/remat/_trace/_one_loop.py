@@ -3,37 +3,45 @@
 `remat._trace._periodic.segments` runs each run of layers saving the same set as a loop of
 its own: a plan mixing two sets has two forward and two backward loop bodies, each a copy of
 the layer, and XLA compiles each (on the models of `benchmarks/vs_torch.py` such a plan's
-step compiles in 1.55-1.7x the CPU time of the uniform plan's). When the sets nest
+step compiles in 1.5-1.7x the CPU time of the uniform plan's). When the sets nest
 (``S_1 ⊂ ... ⊂ S_k``, as the points of a layer's Pareto front the planner mixes do), every
 layer can run the same code:
 
 - forward: one loop over all layers, each checkpointed to save the largest set ``S_k``;
   each saved value goes into one buffer with a slot per layer whose set holds it (a scatter
   that drops the write of the other layers), so each layer keeps only its own set;
-- backward: one loop over all layers, all with the VJP of ``S_k``. A layer whose set is
-  smaller first recomputes the values of ``S_k`` it did not keep, from its input and the
-  values it kept (its forward pass with those given, `remat._trace._taps`; XLA keeps only
-  what leads to the missing ones), in a `jax.lax.switch` on its set, and writes them into
-  the slot of a layer whose backward pass is done. The branches are tagged with how often
-  each runs (`remat._core._flop_tags.branch_scope`), so `remat.measure` counts them exactly.
+- backward: one loop over all layers, all differentiated by one VJP, that of the layer
+  saving ``S_k`` and the values of `_given`. A `jax.lax.switch` on the layer's set first
+  computes, from its input and the values it kept (its forward pass with those given,
+  `remat._trace._taps`; XLA keeps only what leads to the values asked for), the values of
+  ``S_k`` it did not keep, written into the slot of a layer whose backward pass is done,
+  and the values of `_given`: those made by a matmul or a reduction that the branches
+  compute on their way to ``S_k`` and that the VJP of ``S_k`` would compute again. So no
+  layer recomputes more than its own set's VJP does (the same FLOPs as `segments`,
+  `tests/_trace/test_periodic.py`; without `_given`, +22.22% over the un-checkpointed step
+  against +13.45% on the vs_torch GPT at 25%). The branches are tagged with how often each
+  runs (`remat._core._flop_tags.branch_scope`), so `remat.measure` counts them exactly.
 
-It compiles in less time than `segments` (`benchmarks/perlayer_compile.py`, CPU time over
-the uniform plan's step: 1.45x against 1.68x for the vs_torch MLP's 25% plan, 1.28x against
-1.55x for the GPT's), but peaks higher and can recompute more, so the planner does not use
-it (`remat._trace._periodic.ONE_LOOP` is False; set it to compile a nesting pattern this
-way). A loop holds its buffers whole until it ends, so a layer recomputes while every other
-layer's values are still held, where segments free each run's values when its loop ends
-(MLP: 33.28 MiB against 31.77, the value the first layer does not keep being 2 MiB; GPT:
-46.89 against 44.68); and what the switch recomputes is not shared with the recomputation
-inside the VJP of ``S_k`` after it, which on the GPT runs a matmul again (+22.22% FLOPs
-over the un-checkpointed step against +13.45%; on the MLP the same +2.08%).
+It compiles in less time than `segments` (one copy of the layer's forward pass, one of its
+transposed backward pass, and a recomputing forward pass per set: 1.3-1.4x the uniform
+plan's CPU time on the vs_torch GPT's plans where segments take 1.45-1.6x;
+`benchmarks/perlayer_compile.py`), but it peaks higher, so the planner does not use it
+(`remat._trace._periodic.ONE_LOOP` is False; set it to compile a nesting pattern this way).
+A loop holds its buffers whole until it ends, so a layer saving less recomputes while every
+other layer's values are still held, where segments free each run's values when its loop
+ends (the vs_torch MLP at 25%: 32.78 MiB against 31.77); the switch computes the values it
+gives the VJP all at once, before the VJP's backward pass begins, where the VJP of
+`segments` computes each when XLA's schedule needs it (the GPT at 25%, whose layers saving
+less recompute the attention: 48.18 MiB against 44.68; at 40%, 82.39 against 81.69). XLA
+writes a `switch`'s outputs into buffers of their own (a buffer passed through it is
+copied whole), so the recomputed values cannot go into the slots directly.
 
-`one_loop` runs a pattern so when its sets nest (two or more), each value the largest set
-saves is named by `remat._trace._tag.eval_tagged` (a saved value is found by name in the
-forward pass's jaxpr: ``reduce_precision`` of a ``name`` equation) and each layer that
-recomputes has a slot free by then (a layer after it keeps the value: the sets saving less
-come first, as the planner orders them); otherwise `segments` runs it. The carries, the
-parameter gradients and the order of the backward pass are kept as `segments` keeps them.
+`one_loop` runs a pattern so when its sets nest (two or more), each value the VJPs save is
+named by `remat._trace._tag.eval_tagged` (a saved value is found by name in the forward
+pass's jaxpr: ``reduce_precision`` of a ``name`` equation) and each layer that recomputes
+has a slot free by then (a layer after it keeps the value: the sets saving less come first,
+as the planner orders them); otherwise `segments` runs it. The carries, the parameter
+gradients and the order of the backward pass are kept as `segments` keeps them.
 Reverse-mode only, as `segments`.
 """
 
@@ -46,6 +54,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jcore
 
 from .._core._flop_tags import branch_scope
 from ._taps import tapped
@@ -160,7 +169,26 @@ def one_loop(
                 return None  # no slot free yet: `segments` runs it
             read[i] = slot[free[np.argmin(np.abs(free - i))]]
         reads.append(read)
-    carried = [k for kind, k in origin if kind == "carry"]
+    # The backward pass differentiates every layer with one VJP: the layer saving ``shared``,
+    # the largest set and the values of `_given` (those a branch of the switch below computes
+    # that the VJP would compute again), all given by the switch on the layer's set.
+    shared = (*sets[-1], *_given(body, carry_specs, const_specs, specs, sets, list(seen)))
+    layer_b = jax.checkpoint(lambda carry, consts, x: body(consts, carry, x),
+                             policy=jax.checkpoint_policies.save_only_these_names(*shared),
+                             prevent_cse=False)  # fmt: skip
+    b_origin, b_names, b_specs = _saved_names(layer_b, carry_specs, const_specs, specs)
+    if any(n is None or n not in seen for n in b_names):
+        return None
+    # The carries the layer's backward pass reads: the shared VJP's, and those any set's
+    # recomputation starts from (the branches'), kept per layer as `segments` keeps them.
+    carried = set()
+    for kept in sets:
+        layer_lv = jax.checkpoint(lambda carry, consts, x: body(consts, carry, x),
+                                  policy=jax.checkpoint_policies.save_only_these_names(*kept),
+                                  prevent_cse=False)  # fmt: skip
+        o, _, _ = _saved_names(layer_lv, carry_specs, const_specs, specs)
+        carried |= {k for kind, k in (*o, *b_origin) if kind == "carry"}
+    carried = sorted(carried)
     first = length - 1 if reverse else 0
     held_at = np.where(index == first, 0, index - (0 if reverse else 1)).astype(np.int32)
     counts = [int((level == lv).sum()) for lv in range(len(sets))]
@@ -200,6 +228,11 @@ def one_loop(
                                                 reverse=reverse)  # fmt: skip
         return (list(carry), list(ys)), (bufs, held, carry_in)
 
+    # Where each saved leaf of the shared VJP comes from: a buffer (``j``), or the switch.
+    in_buf = [names.index(n) if n in names else None for n in b_names]
+    outs = [n for n, j in zip(b_names, in_buf, strict=True) if j is None]
+    missing = [j for j, low in enumerate(lowest) if low > 0]  # some layer recomputes these
+
     def bwd(residuals, ct):
         consts, init, xs, (bufs, held, carry_in) = residuals
         ct_carry, ct_ys = ct
@@ -208,35 +241,33 @@ def one_loop(
             carry_in, head_vjp = jax.vjp(lambda *a: list(head(*a)),
                                          *_tie_one(list(init), ct_carry))  # fmt: skip
         tree = jax.tree.structure(jax.eval_shape(
-            lambda c, k, x: jax.vjp(layer, c, k, x)[1], carry_specs, const_specs, specs))  # fmt: skip
+            lambda c, k, x: jax.vjp(layer_b, c, k, x)[1], carry_specs, const_specs, specs))  # fmt: skip
         tables = [jnp.asarray(s) for s in slots]
-        read_at = [jnp.asarray(r) for r in reads]
         at = jnp.asarray(held_at)
         levels = jnp.asarray(level)
         grads = [jnp.zeros_like(c) if _floating(c) else None for c in consts]
         xgrads = [jnp.zeros_like(x) if _floating(x) else None for x in xs]
 
-        missing = [j for j, low in enumerate(lowest) if low > 0]  # some layer recomputes
-
         def recompute(lv):
-            """Branch ``lv``: for a layer of set ``lv``, the values of the largest set some
-            layer did not keep: recomputed from its input and what it kept where its set
-            does not hold them, else read."""
+            """Branch ``lv``: for a layer of set ``lv``, the values of the largest set it did
+            not keep (written into the buffers where it reads them) and those of `_given`,
+            computed from its input and what it kept."""
 
             def branch(bufs, i, carry, x):
-                read = {j: jax.lax.dynamic_index_in_dim(bufs[j], tables[j][i], keepdims=False)
+                read = {names[j]: jax.lax.dynamic_index_in_dim(bufs[j], tables[j][i],
+                                                                keepdims=False)
                         for j in range(len(names)) if lowest[j] <= lv}  # fmt: skip
-                if lv == len(sets) - 1:
-                    return [read[j] for j in missing]
                 got: dict[str, Any] = {}
-                with tapped({names[j]: v for j, v in read.items()}, got):
+                with tapped(read, got):
                     body(list(consts), list(carry), list(x))
-                return [read[j] if j in read else got[names[j]].astype(bufs[j].dtype)
-                        for j in missing]  # fmt: skip
+                spec = dict(zip(b_names, b_specs, strict=True))
+                return ([got[names[j]].astype(bufs[j].dtype) for j in missing],
+                        [got[n].astype(spec[n].dtype) for n in outs])  # fmt: skip
 
             return branch
 
         branches = [recompute(lv) for lv in range(len(sets))]
+        read_at = [jnp.asarray(r) for r in reads]
 
         def back(state, inp):
             ct_c, bufs, grads, xgrads = state
@@ -246,25 +277,29 @@ def one_loop(
             for h, k in zip(held, carried, strict=True):
                 kept = jax.lax.dynamic_index_in_dim(h, at[i], keepdims=False)
                 carry[k] = jnp.where(i == first, carry_in[k], kept)
-            with jax.named_scope(branch_scope(counts, length)):  # exact FLOPs
-                values = jax.lax.switch(levels[i], branches, list(bufs), i, carry, x)
-            # Written where the layer reads them: its own slot, or a free one (see `reads`).
+            # Recompute once ``ct`` is here: the input carry is what the recomputation starts
+            # from (without it XLA ran it before the next layer's backward pass was done).
+            tied = _after([carry[k] for k in carried], [True] * len(carried), ct_c)
+            for k, v in zip(carried, tied, strict=True):
+                carry[k] = v
             bufs = list(bufs)
-            for j, v in zip(missing, values, strict=True):
+            with jax.named_scope(branch_scope(counts, length)):  # exact FLOPs
+                part, values = jax.lax.switch(levels[i], branches, bufs, i, carry, x)
+            # Written where the layer reads them: its own slot, or a free one (see `reads`).
+            for j, v in zip(missing, part, strict=True):
                 bufs[j] = jax.lax.dynamic_update_index_in_dim(bufs[j], v, read_at[j][i], 0)
-            saved = iter([jax.lax.dynamic_index_in_dim(b, r[i], keepdims=False)
-                          for b, r in zip(bufs, read_at, strict=True)])  # fmt: skip
+            got = iter(values)
+            saved = iter([next(got) if j is None else
+                          jax.lax.dynamic_index_in_dim(bufs[j], read_at[j][i], keepdims=False)
+                          for j in in_buf])  # fmt: skip
             sources = dict(const=consts, x=x, carry=carry)
-            leaves = [next(saved) if kind == "saved" else sources[kind][k] for kind, k in origin]
-            tie = [kind == "carry" for kind, _ in origin]
-            if not any(tie):
-                tie = [kind != "const" for kind, _ in origin]
-            leaves = _after(leaves, tie, ct_c)
+            leaves = [next(saved) if kind == "saved" else sources[kind][k]
+                      for kind, k in b_origin]  # fmt: skip
             d_c, d_consts, d_x = jax.tree.unflatten(tree, leaves)((list(ct_c), list(ct_y)))
             grads = [g if g is None else g + d for g, d in zip(grads, d_consts, strict=True)]
             xgrads = [g if g is None else jax.lax.dynamic_update_index_in_dim(g, d, i, 0)
                       for g, d in zip(xgrads, d_x, strict=True)]  # fmt: skip
-            return (list(d_c), list(bufs), grads, xgrads), None
+            return (list(d_c), bufs, grads, xgrads), None
 
         (ct_carry, _, grads, xgrads), _ = jax.lax.scan(
             back, (list(ct_carry), list(bufs), grads, xgrads), (jnp.arange(length), list(ct_ys)),
@@ -273,6 +308,81 @@ def one_loop(
         return cotangents(consts, grads, ct_carry, head_vjp, xs, xgrads)
 
     return custom_loop(forward, bwd, head, consts, init, xs)
+
+
+def _given(body, carry_specs, const_specs, specs, sets, every) -> tuple[str, ...]:
+    """The named values the switch gives the shared VJP beside the largest set.
+
+    Those made by an equation other than an elementwise one (a matmul, a reduction) that a
+    branch computes, on its way from the values its set keeps to those of the largest set it
+    did not keep, and that the VJP of the layer saving the largest set would compute again to
+    get the values its backward pass reads (the saved values of the VJP saving ``every``
+    name), added until it computes none of them again. Elementwise equations are left to
+    the VJP: XLA fuses them into what reads them.
+    """
+    everything = jax.checkpoint(lambda carry, consts, x: body(consts, carry, x),
+                                policy=jax.checkpoint_policies.save_only_these_names(*every),
+                                prevent_cse=False)  # fmt: skip
+    needed = [n for n in _saved_names(everything, carry_specs, const_specs, specs)[1] if n]
+    closed = jax.make_jaxpr(lambda c, k, x: body(k, c, x))(carry_specs, const_specs, specs)
+    producer = {v: e for e in closed.jaxpr.eqns for v in e.outvars}
+    named = {}  # var -> name, for the outputs of ``name`` equations
+    raw_name = {}  # the var a ``name`` equation names -> its name
+    for e in closed.jaxpr.eqns:
+        if e.primitive.name == "name":
+            named[e.outvars[0]] = e.params["name"]
+            if not isinstance(e.invars[0], jcore.Literal):
+                raw_name[e.invars[0]] = e.params["name"]
+    by_name = {n: v for v, n in named.items()}
+
+    def walk(starts, stop, cut=None):
+        """The equations computing ``starts`` from the values named in ``stop`` and the
+        inputs; with ``cut``, the names of the expensive ones in it, not walked past."""
+        seen, eqns, hit = set(), set(), []
+        stack = [by_name[n] for n in starts if n in by_name]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, jcore.Literal) or v in seen:
+                continue
+            seen.add(v)
+            e = producer.get(v)
+            if named.get(v) in stop or e is None:
+                continue
+            if cut is not None and id(e) in cut and raw_name.get(v) not in (None, *stop):
+                hit.append(raw_name[v])
+                continue
+            eqns.add(id(e))
+            stack.extend(e.invars)
+        return eqns, hit
+
+    largest = set(sets[-1])
+    branch = set()  # the expensive equations some branch computes
+    for kept in sets[:-1]:
+        eqns, _ = walk(sorted(largest - set(kept)), set(kept))
+        branch |= eqns
+    expensive = {
+        id(e)
+        for e in closed.jaxpr.eqns
+        if e.primitive.name not in _ELEMENTWISE and e.primitive.name != "name"
+    }
+    cut = branch & expensive
+    saved, extra = set(largest), []
+    while True:
+        _, hit = walk([n for n in needed if n not in saved], saved, cut)
+        hit = [n for n in dict.fromkeys(hit) if n not in saved]
+        if not hit:
+            return tuple(extra)
+        saved.update(hit)
+        extra += hit
+
+
+_ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "neg", "exp", "exp2", "log", "log1p", "tanh", "logistic",
+    "sin", "cos", "sqrt", "rsqrt", "pow", "integer_pow", "max", "min", "abs", "sign",
+    "select_n", "convert_element_type", "erf", "erf_inv", "square", "expm1", "reshape",
+    "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "reduce_precision",
+    "stop_gradient", "clamp", "ne", "eq", "lt", "le", "gt", "ge", "and", "or", "not",
+})  # fmt: skip
 
 
 def _spec(x: Any) -> jax.ShapeDtypeStruct:
