@@ -247,17 +247,14 @@ def prepare(
             phases = None
             margin = recomputing_margin(recomputing, infos, cands, offsets, models, alone)
     base, stored, slice_weight, weight = fit
-    pending = None
-    if per_layer and later:  # found beside the uniform rounds (`_mixes`)
-        pending = Later(models, cands, stored, slice_weight, weight)
-    elif per_layer:  # mixes of the fitted model's Pareto points, options without nodes
+    if per_layer and not later:  # mixes of the fitted model's Pareto points, without nodes
         clock = time.perf_counter()
         more = period_candidates(models, cands, stored, slice_weight, weight)
         cands += more
         options += [c.option for c in more]
         offsets += [len(nodes)] * len(more)
         model_seconds += time.perf_counter() - clock
-    return Prepared(
+    prep = Prepared(
         fn=fn,
         args=tuple(args),
         argnums=argnums,
@@ -287,12 +284,15 @@ def prepare(
         limit=memory_limit(refusal, compile_device(args)),
         phases=phases,
         placement=placed,
-        later=pending,
         compiled=() if recomputing is None else (
             (fixed_choice(cands, offsets, models, per_step, save=False),
              dataclasses.replace(recomputing, strategy="plan")),
         ),
     )  # fmt: skip
+    if per_layer and later:  # found beside the uniform rounds (`_mixes`), the thread last
+        later_ = Later(prep.models, prep.cands, stored, slice_weight, weight)
+        prep = dataclasses.replace(prep, later=later_)
+    return prep
 
 
 class _First:

@@ -81,9 +81,14 @@ def key_of(
 
 def recall(key: Any, fn: Any, args: Any) -> Knowledge | None:
     """The knowledge kept for ``key``, with ``fn`` and ``args`` (the caller's, which trace to
-    the same program) in place of the ones it was learned with; None if there is none."""
+    the same program) in place of the ones it was learned with; None if there is none, or
+    if its per-layer options failed on their thread (`_mixes`)."""
     know = _MEMORY.get(key)
     if know is None:
+        return None
+    later = getattr(know.prepared, "later", None)  # per-layer options found on a thread (`_mixes`)
+    if later is not None and later.failed():  # prepared again: the error is raised anew
+        del _MEMORY[key]
         return None
     _MEMORY.move_to_end(key)
     know.prepared = dataclasses.replace(know.prepared, fn=fn, args=tuple(args))

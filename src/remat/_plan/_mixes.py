@@ -9,13 +9,21 @@ so `prepare` with ``later`` returns the uniform options at once, with the per-la
 being found on a thread of their own (`Later`), and `completed` waits for them where they
 are first needed (before the rounds' first step compile, `_first.InPlace`). The options are
 the same either way: the uniform ones first, the mixes appended after them.
+
+No thread outlives the plan that started it: `finished` waits for it however the plan
+ends, so a plan that raises (an infeasible budget, an interrupt) leaves none running. An
+error on the thread is raised where the options are completed, with its own message; a
+program's knowledge whose options failed is not recalled (`_memo.recall`), so the next plan
+finds them again instead of raising that error once more.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ._perlayer import period_candidates
@@ -34,6 +42,14 @@ class Later:
         self._pending = pool.submit(find)
         pool.shutdown(wait=False)
         self._done: dict[int, tuple[Any, Any]] = {}  # id(prep) -> (prep, completed)
+
+    def failed(self) -> bool:
+        """Whether the thread has ended with an error (`complete` raises it)."""
+        return self._pending.done() and self._pending.exception() is not None
+
+    def wait(self) -> None:
+        """Waits for the thread to end, raising nothing (`complete` raises its error)."""
+        concurrent.futures.wait([self._pending])
 
     def complete(self, prep: Any) -> Any:
         """``prep`` (the uniform options) with the per-layer options appended (the same
@@ -68,3 +84,15 @@ def completed(prep: Any, know: Any = None) -> Any:
     if know is not None and know.prepared is prep:
         know.prepared = full
     return full
+
+
+@contextlib.contextmanager
+def finished(know: Any) -> Iterator[None]:
+    """Waits, on leaving, for the per-layer options of ``know`` (a `_memo.Knowledge`) still
+    being found: however the plan inside ends, no thread of it is left running."""
+    try:
+        yield
+    finally:
+        later = know.prepared.later
+        if later is not None:
+            later.wait()

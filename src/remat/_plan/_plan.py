@@ -61,6 +61,7 @@ from ._args import (
 from ._calibrate import check_inputs, prepare
 from ._compile import tally
 from ._memo import Knowledge, key_of, recall, remember
+from ._mixes import finished
 from ._progress import Progress
 from ._result import InfeasibleBudget, Plan, fingerprint
 from ._rounds import plan_prepared
@@ -246,8 +247,9 @@ def plan(
                 raise result
             return _finished(result, spec, user)
         know = knowledge(fn, args, spec, schedules, bandwidth, progress, per_layer)
-        plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
-                              since, strategies, saved)  # fmt: skip
+        with finished(know):  # no thread of it left running (`_mixes`)
+            plan_ = plan_prepared(know.prepared, budget, max_rounds, device_memory, know,
+                                  progress, since, strategies, saved)  # fmt: skip
         return _finished(plan_, spec, user)
 
 
@@ -415,12 +417,13 @@ def plan_budgets(
             return [p if isinstance(p, InfeasibleBudget) else _finished(p, spec, user)
                     for p in planned]  # fmt: skip
         know = knowledge(fn, args, spec, schedules, None, progress, per_layer)
-        for budget in read:  # the first plan's stats include the shared preparation
-            try:
-                plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know, progress,
-                                      since, strategies, saved)  # fmt: skip
-                out.append(_finished(plan_, spec, user))
-            except InfeasibleBudget as err:
-                out.append(err)
-            since = None
+        with finished(know):  # no thread of it left running (`_mixes`)
+            for budget in read:  # the first plan's stats include the shared preparation
+                try:
+                    plan_ = plan_prepared(know.prepared, budget, max_rounds, None, know,
+                                          progress, since, strategies, saved)  # fmt: skip
+                    out.append(_finished(plan_, spec, user))
+                except InfeasibleBudget as err:
+                    out.append(err)
+                since = None
     return out

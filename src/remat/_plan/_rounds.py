@@ -114,6 +114,7 @@ def plan_prepared(
     # candidates under it compete by their compiled FLOPs (`_dearer`).
     rounds += below_own_recomputation(uniform, know, budget_bytes, say, _verify)
     prep = completed(prep, know)
+    mixed = uniform_of(prep) is not prep  # none found: the uniform plans alone, as asked
 
     def verify(key, choice):  # a step compiled beside the rounds' own
         _verify(prep, know, key, choice, know.margin or 0.0)
