@@ -69,15 +69,14 @@ def error_spread(prep, pairs) -> float:
 
 
 def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -> int:
-    """Before the rounds settle on the best plan that fits: the cheapest candidate checked
-    alone and put over the budget only by the memory outside the scans (`Knowledge.margin`,
-    learnt on the last plan verified, maybe another budget's: ``first_margin`` where the
-    rounds began) is compiled whole, at most `SPREAD_ROUNDS` times, when the smallest such
-    memory any measured point showed (`_memo.margins`) puts it within the budget. That
-    memory differs between save sets (Llama-3-8B shapes: 27.99 GiB beside the
-    un-checkpointed step's scans, 29.98 beside MaxText ``minimal``'s save set, 28.10 beside
-    the cheapest that fits ``save_dot_with_context_except_mlp``'s peak); where every point
-    showed the same, nothing is compiled. ``verify`` compiles a candidate whole and records it
+    """Before the rounds settle on the best plan that fits: a candidate checked alone and
+    put over the budget only by the memory outside the scans (`Knowledge.margin`, learnt on
+    the last plan verified, maybe another budget's: ``first_margin`` where the rounds began)
+    is compiled whole, at most `SPREAD_ROUNDS` times (`doubtful`). That memory differs
+    between save sets (Llama-3-8B shapes: 27.99 GiB beside the un-checkpointed step's scans,
+    29.98 beside MaxText ``minimal``'s save set, 28.10 beside the cheapest that fits
+    ``save_dot_with_context_except_mlp``'s peak); where every point showed the same, nothing
+    is compiled. ``verify`` compiles a candidate whole and records it
     (`_rounds._verify`). Returns the steps compiled."""
     rounds = 0
     while rounds < SPREAD_ROUNDS:
@@ -86,18 +85,60 @@ def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -
         if best is None or not shown or max(shown) - min(shown) <= 0:
             break
         reference = cost(prep, best) * (1 - 1e-9)
-        near = [
-            (step_flops(prep, choice), alone, choice)
+        unknown = [
+            (choice, alone)
             for _, choice, alone in missed
-            if choice_key(choice) not in know.measured
-            and step_flops(prep, choice) < reference
-            and alone + min(shown) <= budget_bytes
+            if choice_key(choice) not in know.measured and step_flops(prep, choice) < reference
         ]
-        if not near:
+        pick = doubtful(prep, unknown, budget_bytes, shown, know.margin or 0.0)
+        if pick is None:
             break
-        _, alone, choice = min(near, key=lambda n: n[:2])
+        choice, alone = pick
         say("verifying a plan within the spread of the memory outside the scans")
-        # Predicted with the memory outside the scans that puts it within the budget.
+        # Predicted with the smallest memory outside the scans measured.
         verify(prep, know, choice_key(choice), choice, min(shown), alone=alone)
         rounds += 1
     return rounds
+
+
+def doubtful(prep, unknown, budget_bytes, shown, margin) -> tuple[Any, float] | None:
+    """Of ``unknown`` (``(choice, scan-alone prediction)``: candidates cheaper than the best
+    plan, not compiled), the one `within_spread` compiles: the cheapest that the smallest
+    memory outside the scans measured (of ``shown``) puts within the budget; else, the one
+    put least over the budget by ``margin`` (the last measured) among those over it by less
+    than that memory's spread (the least over first: the most likely to fit). The memory
+    outside the scans of a save set not compiled may lie below every one measured: at
+    Llama-3-70B shapes MaxText ``save_out_proj``'s save set showed 253.05 GiB, where the
+    plans compiled before it showed 254.01-259.04, and it fits its preset's peak exactly.
+    None where no candidate is in doubt.
+
+    Example:
+      >>> from types import SimpleNamespace as N
+      >>> from remat._plan._spread import doubtful
+      >>> prep = N(baseline=N(flops=100.0, num_devices=1))
+      >>> a, b = N(flops=1.0), N(flops=2.0)
+      >>> doubtful(prep, [(a, 97.0), (b, 93.0)], 100, [4.0, 6.0], 6.0)[1]  # 93 + 4 fits
+      93.0
+      >>> doubtful(prep, [(a, 98.0), (b, 97.0)], 100, [4.0, 6.0], 5.0)[1]  # 97 + 5 - 2
+      97.0
+      >>> doubtful(prep, [(a, 98.0)], 100, [4.0, 6.0], 5.0) is None
+      True
+    """
+    if not shown:
+        return None
+    least, spread = min(shown), max(shown) - min(shown)
+    fits = [
+        (step_flops(prep, c), alone, c) for c, alone in unknown if alone + least <= budget_bytes
+    ]
+    if fits:
+        _, alone, choice = min(fits, key=lambda n: n[:2])
+        return choice, alone
+    near = [
+        (alone, step_flops(prep, c), c)
+        for c, alone in unknown
+        if alone + margin - spread <= budget_bytes
+    ]
+    if not near:
+        return None
+    alone, _, choice = min(near, key=lambda n: n[:2])
+    return choice, alone
