@@ -4,7 +4,7 @@ they leave in doubt.
 The planner learns the memory outside the scans (what the scan-alone programs do not see) from
 each plan it compiles whole, and predicts the next candidates with the last one learnt. That
 memory differs between save sets, so a candidate predicted over the budget by less than it has
-varied may fit: `within_spread` compiles the cheapest such candidate before the rounds settle,
+varied may fit: `within_spread` compiles one such candidate before the rounds settle,
 and `spread` is how far the rounds step the model back only past it. The linear model's error
 against a candidate's scans compiled alone differs between candidates too (it comes from the
 values each saves): `error_spread` is how far, and the model is stepped back only past it.
