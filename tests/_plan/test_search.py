@@ -199,3 +199,23 @@ def test_model_flops_are_shared_among_the_devices_as_measured_flops_are(prepared
         know.measured[choice_key(choice)] = Known(choice, m, 1)
     assert cost(prep, know.measured[choice_key(full)]) == pytest.approx(measured_full)
     assert best_known(prep, know, budget_bytes=2).choice is full
+
+
+def test_a_twin_on_the_scans_alone_recomputes_other_costly_values():
+    """`_spread.twin`: of the candidates checked alone, the one with A's FLOPs and scan-alone
+    bytes that recomputes another costly value (B: the other matmul); not C, which recomputes
+    A's matmul and differs from A in a value recomputed for free, nor D, of other bytes."""
+    from remat._plan._spread import twin
+
+    prep = N(baseline=N(flops=100.0, num_devices=1), nodes=[N(flops=0.0), N(flops=5.0),
+                                                              N(flops=5.0)])  # fmt: skip
+
+    def missed(name, recomputed, alone):
+        cand = _candidate(name, 10.0, 0.0)
+        return (N(recomputed=frozenset(recomputed)), cand.choice, alone)
+
+    a, b = missed("a", {0, 1}, 100.0), missed("b", {0, 2}, 100.0)
+    c, d = missed("c", {1}, 100.0), missed("d", {2}, 101.0)
+    know = N(measured={})
+    assert twin(prep, know, a, [a, c, d, b]) is b
+    assert twin(prep, know, a, [a, c, d]) is None

@@ -15,11 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 from ._baseline import REFUSED
-from ._memo import best_known, choice_key, cost, margins, step_flops
+from ._compile import peak_of
+from ._memo import EQUAL_FLOPS, best_known, choice_key, cost, margins, step_flops
 
 # Candidates predicted over the budget by less than the spread of the memory outside the scans
 # that are compiled whole before the rounds settle, at most (`within_spread`).
 SPREAD_ROUNDS = 1
+# Scan-alone predictions this close (a fraction) are the same (`twin`).
+TWIN = 1e-6
 
 
 def _shown(prep, know, first_margin) -> list[float]:
@@ -72,13 +75,15 @@ def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -
     """Before the rounds settle on the best plan that fits: a candidate checked alone and
     put over the budget only by the memory outside the scans (`Knowledge.margin`, learnt on
     the last plan verified, maybe another budget's: ``first_margin`` where the rounds began)
-    is compiled whole, at most `SPREAD_ROUNDS` times (`doubtful`). That memory differs
+    is compiled whole, at most `SPREAD_ROUNDS` times (`doubtful`), and where the last one
+    compiled is over, once more its `twin` on the scans alone. That memory differs
     between save sets (Llama-3-8B shapes: 27.99 GiB beside the un-checkpointed step's scans,
     29.98 beside MaxText ``minimal``'s save set, 28.10 beside the cheapest that fits
     ``save_dot_with_context_except_mlp``'s peak); where every point showed the same, nothing
     is compiled. ``verify`` compiles a candidate whole and records it
     (`_rounds._verify`). Returns the steps compiled."""
     rounds = 0
+    last = None  # the candidate compiled last, ``(solution, choice, alone)``
     while rounds < SPREAD_ROUNDS:
         best = best_known(prep, know, budget_bytes)
         shown = _shown(prep, know, first_margin)
@@ -98,7 +103,41 @@ def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -
         # Predicted with the smallest memory outside the scans measured.
         verify(prep, know, choice_key(choice), choice, min(shown), alone=alone)
         rounds += 1
+        last = next(m for m in missed if m[1] is choice)
+    if last is not None and peak_of(know.measured[choice_key(last[1])].measured) > budget_bytes:
+        # Over: its twin to the scans alone, which recomputes other costly values, may fit.
+        other = twin(prep, know, last, missed)
+        if other is not None:
+            say("verifying its twin on the scans alone")
+            verify(prep, know, choice_key(other[1]), other[1], min(shown), alone=other[2])
+            rounds += 1
     return rounds
+
+
+def twin(prep, know, candidate, missed) -> tuple[Any, Any, float] | None:
+    """A candidate of ``missed`` (``(solution, choice, alone)``), not compiled, that its
+    scans alone cannot tell from ``candidate``: the same FLOPs (to `_memo.EQUAL_FLOPS` of
+    the un-checkpointed step's) and scan-alone bytes (to `TWIN` of them), where it
+    recomputes other values that cost FLOPs (one that differs only in values recomputed
+    for free compiles alike). Their steps may differ: at Llama-3-70B shapes saving the
+    query projection's output and saving the out projection's both compile alone to
+    832.013 GiB, and their steps to 1087.156 and 1085.067 GiB. None where there is none."""
+    solution, choice, alone = candidate
+
+    def costly(s):
+        return frozenset(i for i in s.recomputed if prep.nodes[i].flops > 0)
+
+    flops = step_flops(prep, choice)
+    same = max(prep.baseline.flops, 1.0) * EQUAL_FLOPS
+    for other in missed:
+        if (
+            choice_key(other[1]) not in know.measured
+            and abs(step_flops(prep, other[1]) - flops) <= same
+            and abs(other[2] - alone) <= TWIN * abs(alone)
+            and costly(other[0]) != costly(solution)
+        ):
+            return other
+    return None
 
 
 def doubtful(prep, unknown, budget_bytes, shown, margin) -> tuple[Any, float] | None:
