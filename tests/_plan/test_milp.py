@@ -276,3 +276,26 @@ def test_gib_sized_values_can_be_recomputed():
     assert (s.saved, s.recomputed, s.recompute_flops) == ({0, 1}, {2}, 0.0)
     least = solve(nodes, int(15.75 * gib), minimize="memory", **weights)
     assert (least.saved, least.recomputed) == ({0}, {1, 2})
+
+
+def test_exclude_costly_changes_what_is_recomputed_not_a_free_alias():
+    # x -> a (matmul) -> a2 (a's reshape: free), and x -> b (matmul); a2 and b are needed.
+    # One matmul's output fits beside x: save a (or a2, the same data) and recompute b, or
+    # save b and recompute a. A plain no-good cut may return the same recomputation with a2
+    # saved in a's place; `exclude_costly` must recompute the other matmul.
+    nodes = [
+        Node(bytes=4, flops=0, multiplicity=10, recomputable=False),
+        Node(bytes=8, flops=100, inputs=(0,), multiplicity=10),
+        Node(bytes=8, flops=0, inputs=(1,), multiplicity=10, needed=True),
+        Node(bytes=8, flops=100, inputs=(0,), multiplicity=10, needed=True),
+    ]
+    matmuls = {1, 3}
+    budget = 140  # x and one matmul's output (120) and one step's recomputed values
+    first = solve(nodes, budget_bytes=budget)
+    assert first.recompute_flops == 1000 and len(first.recomputed & matmuls) == 1
+    other = solve(nodes, budget_bytes=budget, exclude_costly=[first])
+    assert other.recompute_flops == first.recompute_flops
+    assert other.recomputed & matmuls == matmuls - first.recomputed
+    # Both ruled out: recomputing both matmuls (a dearer tier) is what is left.
+    both = solve(nodes, budget_bytes=budget, exclude_costly=[first, other])
+    assert both.recomputed >= matmuls and both.recompute_flops == 2000

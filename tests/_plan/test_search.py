@@ -62,11 +62,12 @@ def test_a_candidate_over_the_budget_rules_out_its_tier_and_steps_the_model_back
     assert fixed[-1][0] == len(checked)
 
 
-def _candidate(name, flops, model):
-    """A fake candidate saving ``name``: ``flops`` recomputed, ``model`` bytes by the model."""
+def _candidate(name, flops, model, costly=None):
+    """A fake candidate saving ``name``: ``flops`` recomputed, ``model`` bytes by the model;
+    ``costly`` names the values that cost FLOPs it recomputes (default: its own)."""
     scan = N(names=(name,), offload=(), schedule="per_step", pattern=(), kept_calls=False)
     choice = N(choices={0: scan}, flops=flops, model_bytes=model)
-    return N(recompute_flops=flops, choice=choice)
+    return N(recompute_flops=flops, choice=choice, costly=costly or name)
 
 
 def _search_fake(monkeypatch, cands, alone, seen_alone):
@@ -79,9 +80,10 @@ def _search_fake(monkeypatch, cands, alone, seen_alone):
              decode=lambda solution: solution.choice)  # fmt: skip
     checked = []
 
-    def solve(nodes, budget, fixed_bytes, exclude, min_flops, options):  # the cheapest that fits
-        fits = [c for c in cands
+    def solve(nodes, budget, fixed_bytes, exclude, min_flops, options, exclude_costly=()):
+        fits = [c for c in cands  # the cheapest that fits
                 if all(c is not e for e in exclude)
+                and all(c.costly != e.costly for e in exclude_costly)
                 and (min_flops is None or c.recompute_flops >= min_flops)
                 and c.choice.model_bytes + fixed_bytes <= budget]  # fmt: skip
         return min(fits, key=lambda c: c.recompute_flops, default=None)
@@ -122,7 +124,9 @@ def test_a_candidate_over_by_less_than_the_model_has_erred_leaves_its_tier_open(
     the errors' spread (215): its tier stays open, and T, another save set of A's 10 FLOPs
     that the model puts at 1036 and that fits alone, is checked next and found (with A's
     tier closed, the next is P, dearer). A second candidate over in a tier closes it: A2,
-    of the same FLOPs and over too, leaves the search to P."""
+    of the same FLOPs and over too, leaves the search to P. The second of a tier recomputes
+    other costly values than the first: A3, which recomputes A's (it saves a free alias of
+    what A saves), is not solved for, and T is found after A."""
     a, p = _candidate("a", 10.0, 1035.0), _candidate("p", 20.0, 1045.0)
     t, a2 = _candidate("t", 10.0, 1036.0), _candidate("a2", 10.0, 1035.5)
     found, checked = _search_fake(monkeypatch, [a, t, p], {"a": 1100.0, "t": 990.0, "p": 995.0},
@@ -132,6 +136,11 @@ def test_a_candidate_over_by_less_than_the_model_has_erred_leaves_its_tier_open(
         monkeypatch, [a, a2, t, p], {"a": 1100.0, "a2": 1100.0, "t": 990.0, "p": 995.0}, 840.0
     )
     assert found == (p, p.choice, 995.0) and checked == ["a", "a2", "p"]
+    a3 = _candidate("a3", 10.0, 1035.2, costly="a")
+    found, checked = _search_fake(
+        monkeypatch, [a, a3, t, p], {"a": 1100.0, "a3": 1100.0, "t": 990.0, "p": 995.0}, 840.0
+    )
+    assert found == (t, t.choice, 990.0) and checked == ["a", "t"]
 
 
 def test_the_rounds_look_above_the_tier_of_a_candidate_found_over(prepared, monkeypatch):
@@ -238,3 +247,23 @@ def test_one_solve_at_the_highest_level_ends_the_levels_left(prepared, monkeypat
     levels = len(solves_) - 1
     assert levels == 6
     assert solves == [*solves_[:2], max(solves_)]
+
+
+def test_a_twin_on_the_scans_alone_recomputes_other_costly_values():
+    """`_spread.twin`: of the candidates checked alone, the one with A's FLOPs and scan-alone
+    bytes that recomputes another costly value (B: the other matmul); not C, which recomputes
+    A's matmul and differs from A in a value recomputed for free, nor D, of other bytes."""
+    from remat._plan._spread import twin
+
+    prep = N(baseline=N(flops=100.0, num_devices=1), nodes=[N(flops=0.0), N(flops=5.0),
+                                                              N(flops=5.0)])  # fmt: skip
+
+    def missed(name, recomputed, alone):
+        cand = _candidate(name, 10.0, 0.0)
+        return (N(recomputed=frozenset(recomputed)), cand.choice, alone)
+
+    a, b = missed("a", {0, 1}, 100.0), missed("b", {0, 2}, 100.0)
+    c, d = missed("c", {1}, 100.0), missed("d", {2}, 101.0)
+    know = N(measured={})
+    assert twin(prep, know, a, [a, c, d, b]) is b
+    assert twin(prep, know, a, [a, c, d]) is None

@@ -241,6 +241,7 @@ def solve(
     option_saved: Sequence[float] | None = None,
     time_limit: float = 30.0,
     exclude: Sequence[Solution] = (),
+    exclude_costly: Sequence[Solution] = (),
 ) -> Solution | None:
     """Chooses the values to save and to recompute, or returns None when nothing fits.
 
@@ -273,6 +274,11 @@ def solve(
       time_limit: seconds HiGHS may take.
       exclude: solutions not to return again (their saved values and options; a "no-good"
         cut each), e.g. candidates found over the budget on the compiled program.
+      exclude_costly: solutions whose recomputation is not to be chosen again: at least
+        one value that costs FLOPs to recompute (``flops > 0``) is recomputed where it is
+        not, or not where it is, or an option differs, from each (solutions that differ
+        only in which of the values recomputed for free they save, e.g. a value or its
+        reshape, cost the same and compile alike).
 
     Returns:
       A `Solution`, or None when no choice fits ``budget_bytes``.
@@ -379,6 +385,12 @@ def solve(
         coeffs = {i: (-1.0 if i in ex.saved else 1.0) for i in range(n) if nodes[i].saveable}
         coeffs.update({y + k: (-1.0 if k in ex.options else 1.0) for k in range(m)})
         ones = sum(1 for i in ex.saved if nodes[i].saveable) + len(ex.options)
+        row(coeffs, 1.0 - ones, np.inf)
+    for ex in exclude_costly:  # at least one costly recompute or option variable differs
+        costly = [i for i in range(n) if nodes[i].recomputable and nodes[i].flops > 0]
+        coeffs = {n + i: (-1.0 if i in ex.recomputed else 1.0) for i in costly}
+        coeffs.update({y + k: (-1.0 if k in ex.options else 1.0) for k in range(m)})
+        ones = sum(1 for i in costly if i in ex.recomputed) + len(ex.options)
         row(coeffs, 1.0 - ones, np.inf)
     if max_flops is not None:
         coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}

@@ -71,7 +71,10 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     (`_spread.error_spread`: those ``know`` measured, ``missed``, ``seen`` and this search's),
     so that a candidate the model errs on less than on the one over is still checked; the
     first candidate of a FLOPs tier over by less than that error spread leaves its tier open
-    (another save set of the same FLOPs may fit), a second closes it. Without
+    (another save set of the same FLOPs, recomputing other values that cost FLOPs, may fit:
+    at Llama-3-70B shapes saving the query projection's output or the out projection's
+    costs the same bytes and FLOPs, and their steps differ by 2.09 GiB), a second closes
+    it. Without
     ``missed`` (the per-layer search), a per-layer candidate that two mixes of its save sets
     checked before price more than `SURE` from the budget is not compiled (`_priced`).
     With ``solved`` (``reference`` is the fewest FLOPs a solve found at the budget, with
@@ -90,6 +93,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     excluded = list(excluded)
     pairs = checked_alone(know, missed or []) + ([] if seen is None else [seen])
     opened = None  # the recompute FLOPs of a tier left open by a candidate over
+    costly: list[Solution] = []  # the candidates that left a tier open (``exclude_costly``)
     checks = 0
     found = None
     back = 0.0  # bytes the model is stepped back by the candidates found over
@@ -122,7 +126,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             else:
                 solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
                                  fixed_bytes=prep.base + margin + tight + back,
-                                 exclude=excluded, **prep.weights,
+                                 exclude=excluded, exclude_costly=costly, **prep.weights,
                                  min_flops=floor)  # fmt: skip
             ahead = None
             if solution is None:
@@ -159,8 +163,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 # a uniform plan that recomputes less may still fit. The first one of its
                 # tier over by less than the model's error has differed leaves the tier
                 # open (`opened`): another save set of the same FLOPs, on which the model
-                # errs more, may fit; a second closes it (they differ in values that cost
-                # no FLOPs, and compile alike).
+                # errs more, may fit; a second closes it. The second recomputes other
+                # costly values (`_milp.solve`'s ``exclude_costly``): one that differs only
+                # in values recomputed for free would compile alike.
                 above = tier
                 # ... and steps the model back by its excess beyond ``spread`` and the model's
                 # error spread: the next candidate the model puts less than that under this
@@ -168,6 +173,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 back += max(0.0, excess - erred)
             elif not per_layer(choice):
                 opened = tier
+                costly.append(solution)  # the next of its tier saves other costly values
     return found
 
 
