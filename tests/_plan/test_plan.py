@@ -408,7 +408,9 @@ def test_infeasible_names_the_scans_inside_planned_scans():
     x = jnp.ones((64, 16))
     with pytest.raises(remat.InfeasibleBudget) as err:
         remat.plan(loss, ws, x, budget=0.7, schedules=False, verbose=False)
-    assert "the 4-step scan inside scan 0 is left as written" in str(err.value)
+    assert "leaves the scans inside them as written (the 4-step scan inside scan 0;" in str(
+        err.value
+    )
     every = remat.measure(loss, ws, x, strategy="full", override=True, repeats=0)
     assert every.peak_bytes < err.value.smallest_peak_bytes
     assert every.peak_bytes <= err.value.budget_bytes

@@ -36,10 +36,10 @@ _INFEASIBLE = (
 )
 
 _NESTED = (
-    " The planner plans the outermost scans; {nested} left as written, and what they save "
-    "for the backward pass is no choice of the plan (the inner loop of Flax's `remat_scan` "
-    'is one): `remat.measure(fn, *args, strategy="full", override=True)` measures every '
-    "scan checkpointed."
+    " The planner plans the outermost scans and leaves the scans inside them as written "
+    "({nested}; the inner loop of Flax's `remat_scan` is one): what those save for the "
+    'backward pass is no choice of the plan. `remat.measure(fn, *args, strategy="full", '
+    "override=True)` measures every scan checkpointed."
 )
 
 _PREDICTED = (
@@ -151,7 +151,7 @@ class InfeasibleBudget(ValueError):
 
 def nested_scans(infos: Any) -> str | None:
     """The scans inside the bodies of the planned scans ``infos`` (`ScanInfo`s), in words
-    (``"the 4-step scan inside scan 0 is"``), or None where there are none.
+    (``"the 4-step scan inside scan 0"``), or None where there are none.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -159,7 +159,7 @@ def nested_scans(infos: Any) -> str | None:
       >>> inner = lambda h, w: jax.lax.scan(lambda g, v: (jnp.tanh(g * v), None), h, w)
       >>> loss = lambda ws, x: jnp.sum(jax.lax.scan(inner, x, ws)[0])
       >>> nested_scans(list_scans(loss, jnp.ones((2, 4, 3)), jnp.ones(3)))
-      'the 4-step scan inside scan 0 is'
+      'the 4-step scan inside scan 0'
     """
     found = [
         (length, info.position)
@@ -170,7 +170,7 @@ def nested_scans(infos: Any) -> str | None:
     if not found:
         return None
     words = [f"the {length}-step scan inside scan {position}" for length, position in found]
-    return ", ".join(words) + (" is" if len(words) == 1 else " are")
+    return ", ".join(words)
 
 
 def _scan_lengths(jaxpr: Any) -> list[int]:
