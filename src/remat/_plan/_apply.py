@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .._core._errors import renamed
+from .._core._errors import brief, renamed
 from .._trace._apply import apply as apply_strategy
 from .._trace._roll_rewrite import roll_unscanned
 from .._trace._tag import planned_scans, rewrite
@@ -36,7 +36,7 @@ _OTHER_SHAPES = (
     "length?). A plan is chosen and measured at its shapes; plan again at these: "
     "`remat.plan(loss, *args, budget=...)`."
 )
-_NOT_CALLABLE = "`remat.apply` got fn={got!r}, which is not callable; pass the loss."
+_NOT_CALLABLE = "`remat.apply` got fn={got}, which is not callable; pass the loss."
 _PLAN_OVERRIDE = (
     "`remat.apply` got a plan and override=True: a plan decides what every scan it plans "
     "saves, replacing the program's own checkpoints there already; drop `override`."
@@ -89,7 +89,7 @@ def apply_plan(fn: Callable[..., Any], plan: Plan | str | os.PathLike) -> Callab
         was made for: another program, or the same at other shapes (each says which).
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
     if not isinstance(plan, Plan):
         try:
             plan = read_plan(plan)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._core._errors import brief
 from .._core._plain import PlainError, check_plain, edited_fields, from_plain
 from .._core._schedule import Binomial, Nested, Schedule
 from .._measure._measurement import Measurement
@@ -35,7 +36,7 @@ _EDITED = (
     "program when it is made; an edited one is not. Run `remat.plan` again for another plan."
 )
 _NOT_CALLABLE = (
-    "`remat.load_plan` got fn={got!r}, which is not callable; pass the function the plan was "
+    "`remat.load_plan` got fn={got}, which is not callable; pass the function the plan was "
     "made for: `remat.load_plan(path, loss, *args)`."
 )
 _FORMATS = (1, PLAN_FORMAT)
@@ -106,7 +107,7 @@ def load_plan(
       True
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
     plan = read_plan(path, optimizer)
     user, split = fn, has_modules(args)
     fn, args = with_modules_split(fn, args)  # Equinox modules, as `remat.plan` split them
