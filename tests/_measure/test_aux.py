@@ -143,3 +143,29 @@ def test_a_flag_made_a_shape_by_eval_shape_is_named_in_the_tracing_error():
     with pytest.raises(jax.errors.TracerBoolConversionError) as info:  # a bool array: no note
         remat.measure(loss, {"inference": jnp.array(False)}, jnp.ones(3), argnums=1, repeats=0)
     assert "eqx.filter_eval_shape" not in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_a_python_bool_argument_is_named_in_the_tracing_error():
+    """A Python bool among the arguments (a `train` flag) is traced like every leaf, and the
+    loss fails as JAX traces it; the error names the argument and how to close over it."""
+
+    def loss(params, x, train):
+        return jnp.sum(params * x) if train else jnp.sum(params)
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        remat.plan(loss, jnp.ones(3), jnp.ones(3), True, budget=0.5, verbose=False)
+    notes = "".join(getattr(info.value, "__notes__", []))
+    assert "args[2] is a Python bool" in notes and "functools.partial(loss, train=True)" in notes
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:  # a bool array: no note
+        remat.measure(loss, jnp.ones(3), jnp.ones(3), jnp.array(True), repeats=0)
+    assert "Python bool" not in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_a_value_passed_as_the_function_is_quoted_short():
+    """Parameters passed where the loss belongs are named by type with the start of their
+    repr, not every weight."""
+    params = {"w": jnp.arange(4096.0).reshape(64, 64)}
+    for call in (lambda: remat.apply(params, "full"), lambda: remat.measure(params, params)):
+        with pytest.raises(TypeError, match="not callable") as info:
+            call()
+        assert "got fn=a dict: {'w': Array(" in str(info.value) and len(str(info.value)) < 200

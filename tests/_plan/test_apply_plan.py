@@ -133,6 +133,40 @@ def test_a_plan_for_other_shapes_or_another_program_is_refused(tmp_path):
         remat.apply(other, plan, override=True)
 
 
+def test_a_plan_applied_inside_shard_map():
+    """Inside `shard_map` with its replication checks (the default) the traced loss has
+    `pvary` equations that the plan's program lacks: refused, and the error says to plan at
+    the per-device shapes and pass `check_vma=False`; with that, the plan applies there."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    state, x, y, key, plan = linen_setup()
+    mesh = jax.make_mesh((1,), ("data",))
+
+    def step(strategy, check_vma):
+        def shard_loss(state, x, y, key):  # each device's loss, on its shard of the batch
+            def loss_fn(params):
+                logits = state.apply_fn({"params": params}, x, rngs={"dropout": key})
+                return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+            f = loss_fn if strategy is None else remat.apply(loss_fn, strategy)
+            return jax.lax.pmean(jax.value_and_grad(f)(state.params), "data")
+
+        specs = dict(in_specs=(P(), P("data"), P("data"), P()), out_specs=P())
+        return jax.jit(jax.shard_map(shard_loss, mesh=mesh, check_vma=check_vma, **specs))
+
+    batch = jax.device_put((x, y), NamedSharding(mesh, P("data")))
+    with pytest.raises(ValueError, match="a plan for another program") as err:
+        step(plan, True)(state, *batch, key)
+    assert "Inside `shard_map` (manual axes data)" in str(err.value)
+    assert "pass `check_vma=False`" in str(err.value)
+    planned = step(plan, False)(state, *batch, key)
+    assert_tree_allclose(planned, step(None, False)(state, *batch, key))
+    with pytest.raises(ValueError, match="planned for other shapes") as err:
+        linen_train_step(plan)(state, x[: B // 2], y[: B // 2], key)
+    assert "shard_map" not in str(err.value)
+
+
 def plain_loss(ws, x, key):
     def layer(c, wk):
         w, k = wk

@@ -387,3 +387,30 @@ def test_smallest_budget_goes_below_every_named_strategy():
     assert isinstance(p.scans[0].schedule, remat.Binomial)
     assert "saves all its residuals (everything_saveable)" in " ".join(p.explain().split())
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args), scale=10)
+
+
+def test_infeasible_names_the_scans_inside_planned_scans():
+    """Flax's `remat_scan` form: an outer scan whose checkpointed body runs an inner scan
+    with an unchecked body. The planner plans the outer scan only, so the inner scan's
+    residuals bound what it reaches; the error says so, and the way it names reaches less."""
+
+    def loss(ws, x):
+        def inner(h, w):
+            return h + jnp.tanh(jnp.tanh(h @ w[0]) @ w[1]), None
+
+        def outer(h, w):
+            return jax.lax.scan(inner, h, w)[0], None
+
+        return jnp.sum(jax.lax.scan(jax.checkpoint(outer), x, ws)[0] ** 2)
+
+    k1, k2 = jax.random.split(jax.random.key(0))
+    ws = (jax.random.normal(k1, (2, 4, 16, 64)) / 4, jax.random.normal(k2, (2, 4, 64, 16)) / 8)
+    x = jnp.ones((64, 16))
+    with pytest.raises(remat.InfeasibleBudget) as err:
+        remat.plan(loss, ws, x, budget=0.7, schedules=False, verbose=False)
+    assert "leaves the scans inside them as written (the 4-step scan inside scan 0;" in str(
+        err.value
+    )
+    every = remat.measure(loss, ws, x, strategy="full", override=True, repeats=0)
+    assert every.peak_bytes < err.value.smallest_peak_bytes
+    assert every.peak_bytes <= err.value.budget_bytes

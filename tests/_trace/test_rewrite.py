@@ -534,3 +534,36 @@ def test_equinox_stacked_layers():
     check_twin(loss, f2, params, x)
     assert n_residuals(loss, params, x, shape=(L, B, D)) > 1
     assert n_residuals(f2, params, x, shape=(L, B, D)) == 1
+
+
+@pytest.mark.parametrize("form", ["scan", "loop"])
+def test_apply_inside_shard_map_with_its_checks(form):
+    """Inside `jax.shard_map` (its replication checks on, the default) a batch shard varies
+    over the mesh axis and the weights do not; the rewritten program is traced with that, so
+    `remat.apply` keeps the `pvary` JAX puts where they meet. Gradients equal the plain ones,
+    for a scan and for layers in a Python loop (rolled)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def loss(ws, x):
+        if form == "scan":
+            return jnp.mean(jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0] ** 2)
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x**2)
+
+    mesh = jax.make_mesh((1,), ("data",))
+    ws = jax.random.normal(jax.random.key(0), (4, 8, 8)) / 3
+    ws = ws if form == "scan" else list(ws)
+    x = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("data")))
+
+    def step(f):
+        def per_device(ws, x):
+            value, grads = jax.value_and_grad(f)(ws, x)
+            return jax.lax.pmean((value, grads), "data")
+
+        return jax.jit(
+            jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
+        )
+
+    assert_tree_allclose(step(remat.apply(loss, "full"))(ws, x), step(loss)(ws, x))

@@ -41,3 +41,20 @@ def renamed(err: Exception, old: str, new: str) -> Exception:
     out.__cause__ = None if kept else err
     out.__suppress_context__ = True
     return out
+
+
+def brief(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters: a model's
+    parameters passed where a function belongs would otherwise print every weight.
+
+    Example:
+      >>> from remat._core._errors import brief
+      >>> brief(3)
+      '3'
+      >>> brief({"w": list(range(100))})
+      "a dict: {'w': [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 1..."
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"a {type(value).__name__}: {text[: limit - 10]}..."

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax._src.ad_checkpoint import saved_residuals  # not re-exported by jax.ad_checkpoint
 from jax.extend import core
 
+from .._core._errors import brief
 from .._core._offload import compiling_for
 from .._shard._target import compile_device, parse_target
 from .._trace import _jaxpr_walk as walk
@@ -34,7 +35,7 @@ from ._policy_info import (
 )
 
 _NOT_CALLABLE = (
-    "`remat.lint` got fn={got!r}, which is not callable. Pass the function to check "
+    "`remat.lint` got fn={got}, which is not callable. Pass the function to check "
     "(usually the loss), then its example arguments: `remat.lint(loss_fn, params, batch)`."
 )
 _BAD_ARG = (
@@ -51,7 +52,7 @@ _ARRAY_LEAVES = (jax.Array, jax.ShapeDtypeStruct, int, float, complex, bool)
 
 def _check_args(fn: object, args: tuple) -> None:
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
     leaves, _ = jax.tree_util.tree_flatten_with_path(args)
     for path, leaf in leaves:
         if isinstance(leaf, _ARRAY_LEAVES) or hasattr(leaf, "__array__"):

@@ -160,15 +160,29 @@ _FLAG_AS_SHAPE = (
 )
 
 
+_FLAG_TRACED = (
+    "remat: {where} a Python bool, which is traced as a `bool[]` array like every argument "
+    "leaf (`jax.jit` would need `static_argnums`): a flag such as `train` cannot steer Python "
+    "control flow there. Close over it instead: `functools.partial(loss, train=True)` or "
+    "`lambda params, x: loss(params, x, True)`."
+)
+
+
 def _note_flags_as_shapes(err: Exception, args: Sequence[Any]) -> None:
-    """Adds `_FLAG_AS_SHAPE` to a failed trace's error where scalar bool shapes may be flags."""
+    """Adds `_FLAG_AS_SHAPE` to a failed trace's error where scalar bool shapes may be flags,
+    and `_FLAG_TRACED` where the arguments hold Python bools."""
+    leaves = jax.tree_util.tree_leaves_with_path(args)
     flags = [
         leaf
-        for leaf in jax.tree_util.tree_leaves(args)
+        for _, leaf in leaves
         if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.shape == () and leaf.dtype == bool
     ]
     if flags:
         err.add_note(_FLAG_AS_SHAPE.format(n=len(flags)))
+    bools = [f"args{jax.tree_util.keystr(path)}" for path, leaf in leaves if isinstance(leaf, bool)]
+    if bools:
+        where = f"{bools[0]} is" if len(bools) == 1 else f"{', '.join(bools)} are"
+        err.add_note(_FLAG_TRACED.format(where=where))
 
 
 def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool) -> Any:

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from .._core._dtypes import dtype_of
+from .._core._errors import brief
 from .._core._offload import compiling_for
 from .._core._strategy import as_strategy
 from .._core._warnings import RematWarning
@@ -47,7 +48,7 @@ from ._refusal import refusal_of
 from ._residuals import saved_residuals
 from ._step import ANALYSIS_OPTIONS, Step, as_step, grad_step, loss_of, lower_step, time_step
 
-_NOT_CALLABLE = "`remat.measure` got fn={got!r}, which is not callable; pass the loss function."
+_NOT_CALLABLE = "`remat.measure` got fn={got}, which is not callable; pass the loss function."
 _BAD_REPEATS = "`remat.measure` got repeats={got!r}; pass an int >= 0 (0 skips timing)."
 _ELIMINATED = (
     "`remat.measure`: the checkpoints in {name} ask for recomputation, but the compiled program "
@@ -302,7 +303,7 @@ def measure(
       [((2, 8), 4)]
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
     compile_target = as_target(target, "remat.measure")
     repeats = check_repeats(compile_target, repeats, "remat.measure")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:

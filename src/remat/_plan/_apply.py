@@ -17,7 +17,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .._core._errors import renamed
+import jax
+
+from .._core._errors import brief, renamed
 from .._trace._apply import apply as apply_strategy
 from .._trace._roll_rewrite import roll_unscanned
 from .._trace._tag import planned_scans, rewrite
@@ -36,7 +38,13 @@ _OTHER_SHAPES = (
     "length?). A plan is chosen and measured at its shapes; plan again at these: "
     "`remat.plan(loss, *args, budget=...)`."
 )
-_NOT_CALLABLE = "`remat.apply` got fn={got!r}, which is not callable; pass the loss."
+_IN_SHARD_MAP = (
+    " Inside `shard_map` (manual axes {axes}) the loss sees one device's shard of each "
+    "argument, and with shard_map's replication checks (`check_vma=True`, its default) its "
+    "program has `pvary` equations that a plan made outside lacks: plan the loss with "
+    "arguments of the per-device shapes and pass `check_vma=False` to `jax.shard_map`."
+)
+_NOT_CALLABLE = "`remat.apply` got fn={got}, which is not callable; pass the loss."
 _PLAN_OVERRIDE = (
     "`remat.apply` got a plan and override=True: a plan decides what every scan it plans "
     "saves, replacing the program's own checkpoints there already; drop `override`."
@@ -89,7 +97,7 @@ def apply_plan(fn: Callable[..., Any], plan: Plan | str | os.PathLike) -> Callab
         was made for: another program, or the same at other shapes (each says which).
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
     if not isinstance(plan, Plan):
         try:
             plan = read_plan(plan)
@@ -135,8 +143,16 @@ def check_program(plan: Plan, fn: Callable[..., Any], args, kwargs, name: str) -
             _OTHER_SHAPES.format(
                 saved=plan.scan_fingerprint, now=exact, name=name, structure=structure
             )
+            + _in_shard_map()
         )
     count = f"{len(scans)} scan{'' if len(scans) == 1 else 's'}; the plan is for {len(plan.scans)}"
     raise ValueError(
         _OTHER_PROGRAM.format(saved=plan.scan_fingerprint, now=exact, name=name, count=count)
+        + _in_shard_map()
     )
+
+
+def _in_shard_map() -> str:
+    """`_IN_SHARD_MAP` where the loss is traced inside `jax.shard_map`, else nothing."""
+    manual = jax.sharding.get_abstract_mesh().manual_axes
+    return _IN_SHARD_MAP.format(axes=", ".join(manual)) if manual else ""

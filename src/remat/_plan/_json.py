@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from .._core._errors import brief
 from .._core._plain import PlainError, check_plain, edited_fields, from_plain
 from .._core._schedule import Binomial, Nested, Schedule
 from .._measure._measurement import Measurement
@@ -44,7 +45,7 @@ _EDITED = (
     "program when it is made; an edited one is not. Run `remat.plan` again for another plan."
 )
 _NOT_CALLABLE = (
-    "`remat.load_plan` got fn={got!r}, which is not callable; pass the function the plan was "
+    "`remat.load_plan` got fn={got}, which is not callable; pass the function the plan was "
     "made for: `remat.load_plan(path, loss, *args)`."
 )
 _FORMATS = (1, PLAN_FORMAT)
@@ -116,7 +117,7 @@ def load_plan(
       True
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
     plan = read_plan(path, optimizer)
     user, split = fn, has_modules(args)
     fn, args = with_modules_split(fn, args)  # Equinox modules, as `remat.plan` split them

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core._budget import device_memory_bytes, read_budget
+from .._core._errors import brief
 from .._core._offload import (
     HOST_BANDWIDTH,
     compiling_for,
@@ -201,7 +202,7 @@ def plan(
       True
     """
     if not callable(fn):
-        raise TypeError(f"`remat.plan` got fn={fn!r}, which is not callable; pass the loss.")
+        raise TypeError(f"`remat.plan` got fn={brief(fn)}, which is not callable; pass the loss.")
     compile_target = as_target(target, "remat.plan")
     # Every argument is checked before anything is traced or compiled.
     check_max_rounds(max_rounds)
@@ -385,7 +386,7 @@ def plan_budgets(
     """
     if not callable(fn):
         raise TypeError(
-            f"`remat.plan_budgets` got fn={fn!r}, which is not callable; pass the loss."
+            f"`remat.plan_budgets` got fn={brief(fn)}, which is not callable; pass the loss."
         )
     compile_target = as_target(target, "remat.plan_budgets")
     read = read_budgets(budgets)  # every budget is checked before anything is compiled

@@ -35,6 +35,13 @@ _INFEASIBLE = (
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
 
+_NESTED = (
+    " The planner plans the outermost scans and leaves the scans inside them as written "
+    "({nested}; the inner loop of Flax's `remat_scan` is one): what those save for the "
+    'backward pass is no choice of the plan. `remat.measure(fn, *args, strategy="full", '
+    "override=True)` measures every scan checkpointed."
+)
+
 _PREDICTED = (
     " No plan is predicted under {predicted} ({predicted_bytes} bytes: the least-memory plan "
     "and the named strategies, their scans compiled alone, with the least memory outside the "
@@ -85,6 +92,8 @@ class InfeasibleBudget(ValueError):
         least memory it knows predicted over it, beyond how far its predictions of the memory
         outside the scans have differed on the plans it compiled), that least predicted peak;
         ``smallest_peak_bytes`` is then the smallest peak compiled before. None otherwise.
+      nested: the scans inside the planned scans' bodies, which the planner leaves as written
+        (`nested_scans`), in words; None when there are none.
     """
 
     __module__ = "remat"  # printed in tracebacks as remat.InfeasibleBudget, its public name
@@ -100,6 +109,7 @@ class InfeasibleBudget(ValueError):
         floor: int | None = None,
         saved: tuple[Any, int, int] | None = None,
         predicted: int | None = None,
+        nested: str | None = None,
     ):
         if saved is not None:  # (as given, the cap in bytes, the fewest bytes a plan saved)
             text = _SAVED_INFEASIBLE.format(
@@ -127,6 +137,8 @@ class InfeasibleBudget(ValueError):
             if predicted is not None:
                 text += _PREDICTED.format(predicted=format_bytes(predicted),
                                           predicted_bytes=predicted)  # fmt: skip
+            if nested is not None:
+                text += _NESTED.format(nested=nested)
         super().__init__(text)
         self.floor_bytes = floor
         self.smallest_saved_bytes = None if saved is None else saved[2]
@@ -135,6 +147,45 @@ class InfeasibleBudget(ValueError):
         self.smallest_peak_bytes = smallest
         self.predicted_peak_bytes = predicted
         self.baseline_peak_bytes = baseline
+
+
+def nested_scans(infos: Any) -> str | None:
+    """The scans inside the bodies of the planned scans ``infos`` (`ScanInfo`s), in words
+    (``"the 4-step scan inside scan 0"``), or None where there are none.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._rewrite import list_scans
+      >>> inner = lambda h, w: jax.lax.scan(lambda g, v: (jnp.tanh(g * v), None), h, w)
+      >>> loss = lambda ws, x: jnp.sum(jax.lax.scan(inner, x, ws)[0])
+      >>> nested_scans(list_scans(loss, jnp.ones((2, 4, 3)), jnp.ones(3)))
+      'the 4-step scan inside scan 0'
+    """
+    found = [
+        (length, info.position)
+        for info in infos
+        if info.jaxpr is not None
+        for length in _scan_lengths(info.jaxpr.jaxpr)
+    ]
+    if not found:
+        return None
+    words = [f"the {length}-step scan inside scan {position}" for length, position in found]
+    return ", ".join(words)
+
+
+def _scan_lengths(jaxpr: Any) -> list[int]:
+    """The lengths of the scans in ``jaxpr`` and in its sub-programs, outermost only."""
+    out: list[int] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            out.append(eqn.params["length"])
+            continue
+        for value in eqn.params.values():
+            for v in value if isinstance(value, tuple | list) else (value,):
+                inner = getattr(v, "jaxpr", v)
+                if hasattr(inner, "eqns"):
+                    out.extend(_scan_lengths(inner))
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

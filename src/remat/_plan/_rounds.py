@@ -43,7 +43,7 @@ from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
 from ._options import Choice
 from ._perlayer import uniform_of
-from ._result import InfeasibleBudget, Plan, PlanStats
+from ._result import InfeasibleBudget, Plan, PlanStats, nested_scans
 from ._saved import smaller_as_cheap, within_saved
 from ._search import (
     CHECKS,
@@ -161,7 +161,7 @@ def plan_prepared(
         raise InfeasibleBudget(
             budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
             strategy=None if least is None else describe(prep, least.choice),
-            predicted=settled,
+            predicted=settled, nested=nested_scans(prep.infos),
         )  # fmt: skip
     return Plan(
         fn=_rewrite(prep, best.choice),

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from .._core._errors import brief
 from .._measure._measure import _check_args, _check_scalar
 from .._measure._memory import (
     GRADIENT,
@@ -32,7 +33,7 @@ from .._measure._xla_dump import compile_with_dump
 from .._shard._sharding import num_devices
 
 _TAG = re.compile(r"^remat_s\d+_e\d+(_\d+)?$")
-_NOT_CALLABLE = "`remat.memory` got fn={got!r}, which is not callable; pass the loss function."
+_NOT_CALLABLE = "`remat.memory` got fn={got}, which is not callable; pass the loss function."
 _BOTH = (
     "`remat.memory` got strategy={strategy!r} and a plan; pass one of them: the strategy "
     "to compile, or the plan (a `remat.Plan` or its JSON file)."
@@ -145,7 +146,7 @@ def memory(
       [('parameter', (4, 16, 16), 1), ('gradient', (4, 16, 16), 1), ('saved', (4, 8, 16), 4)]
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
     if strategy is not None and plan is not None:
         raise ValueError(_BOTH.format(strategy=strategy))
     argnums_t = _check_args(args, argnums, 0, where="remat.memory")

@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from .._core._errors import brief
 from .._core._strategy import Strategy, as_strategy, resolve_policy
 from .._core._warnings import RematWarning
 from ._checkpoints import _is_remat, checkpoint_sites, contains_checkpoint
@@ -146,7 +147,7 @@ def apply(
             apply, strategy=strategy, has_aux=has_aux, roll=roll, override=override
         )
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=fn))
+        raise TypeError(_NOT_CALLABLE.format(where="remat.apply", got=brief(fn)))
     strategy = as_strategy(strategy, "remat.apply")
     policy = resolve_policy(strategy.policy, "remat.apply")
     schedule = strategy.schedule

@@ -50,6 +50,7 @@ from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
+from .._core._errors import brief
 from ._roll_rewrite import rolled_scans
 from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs
 from ._scan_info import _source as _source  # imported from here by `_costmodel`
@@ -62,7 +63,7 @@ _count = count  # the number of scans in a jaxpr; imported from here by `_tag`
 Body = Callable[[Sequence[Any], Sequence[Any], Sequence[Any]], tuple[list[Any], list[Any]]]
 
 
-_NOT_CALLABLE = "`{where}` got fn={got!r}, which is not callable; pass the function to rewrite."
+_NOT_CALLABLE = "`{where}` got fn={got}, which is not callable; pass the function to rewrite."
 
 
 def list_scans(
@@ -98,7 +99,7 @@ def list_scans(
       [(0, 'layers', 3)]
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(where="remat.list_scans", got=fn))
+        raise TypeError(_NOT_CALLABLE.format(where="remat.list_scans", got=brief(fn)))
     has_nodes_lifted = has_nodes((args, kwargs))
     if has_nodes_lifted:
         args, kwargs, _ = lift(args, kwargs)
@@ -255,7 +256,7 @@ def rewrite_scans(
       (8.0, [3])
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(where="remat.rewrite_scans", got=fn))
+        raise TypeError(_NOT_CALLABLE.format(where="remat.rewrite_scans", got=brief(fn)))
     run = loop or lax_loop
 
     def evaluator(traced: _Traced):

@@ -44,6 +44,7 @@ from jax import lax
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
+from .._core._errors import brief
 from ._roll_detect import Run
 from ._roll_lift import lifted_runs
 from ._scan_info import ScanInfo, walk
@@ -192,7 +193,7 @@ def roll_jaxpr(
     return jax.make_jaxpr(fn)(*specs)
 
 
-_NOT_CALLABLE = "`remat.roll` got fn={got!r}, which is not callable; pass the loss function."
+_NOT_CALLABLE = "`remat.roll` got fn={got}, which is not callable; pass the loss function."
 
 
 def roll(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -226,7 +227,7 @@ def roll(fn: Callable[..., Any]) -> Callable[..., Any]:
       [(5, 2)]
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
 
     def evaluator(traced):
         closed, runs = lifted_runs(traced.jaxpr)
@@ -295,7 +296,7 @@ def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
       ['iota', 'scan', 'reduce_sum']
     """
     if not callable(fn):
-        raise TypeError(_NOT_CALLABLE.format(got=fn))
+        raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
 
     def evaluator(traced):
         if traced.scans:

@@ -30,6 +30,7 @@ from ._ends import TAIL_POLICY, rewrite_ends
 from ._periodic import periodic_loop
 from ._rewrite import ScanInfo, _count, lax_loop, list_scans, rewrite_scans
 from ._taps import tap
+from ._traced import aval_spec
 
 # Call primitives whose bodies are inlined, so the values inside them can be named. The
 # program's own checkpoints (`jax.checkpoint`, `nn.remat`, `nnx.remat`) are inlined too: the
@@ -99,7 +100,7 @@ def _spec(aval: Any) -> jax.ShapeDtypeStruct:
 
 def flatten(closed: Any) -> Any:
     """A `ClosedJaxpr` equal to ``closed`` with calls to jitted functions inlined."""
-    specs = [_spec(v.aval) for v in closed.jaxpr.invars]
+    specs = [aval_spec(v.aval) for v in closed.jaxpr.invars]
     return jax.make_jaxpr(lambda *a: _eval_inlined(closed.jaxpr, closed.consts, a))(*specs)
 
 

@@ -36,10 +36,33 @@ def _is_array(x) -> bool:
 
 
 def _aval(x) -> tuple[Any, ...]:
+    """Shape, dtype, weak type, and the manual mesh axes the value varies over (inside
+    `jax.shard_map`; empty elsewhere)."""
     if isinstance(x, jax.ShapeDtypeStruct):
-        return x.shape, x.dtype, bool(getattr(x, "weak_type", False))
+        return x.shape, x.dtype, bool(getattr(x, "weak_type", False)), frozenset()
     aval = jax.typeof(x)
-    return aval.shape, aval.dtype, aval.weak_type
+    return aval.shape, aval.dtype, aval.weak_type, _varying(aval)
+
+
+def _varying(aval: Any) -> frozenset[str]:
+    return frozenset(getattr(getattr(aval, "manual_axis_type", None), "varying", ()))
+
+
+def aval_spec(aval: Any) -> Any:
+    """What a value of type ``aval`` is traced as: its shape and dtype, or, for a value inside
+    `jax.shard_map` that varies over manual axes, the type itself, so that the traced program
+    has the `pvary` that shard_map's checks put where a replicated value meets it."""
+    if _varying(aval):
+        return aval
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _spec(x: Any) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(
+            x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False))
+        )
+    return aval_spec(jax.typeof(x))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +132,7 @@ def _trace_now(fn, leaves, treedef, check=True) -> _Traced:
             check_unchanged(_name(fn), (args, kwargs), full, treedef)
         return out
 
-    specs = [
-        jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
-        for shape, dtype, weak in (_aval(x) for x, d in zip(leaves, is_dyn, strict=True) if d)
-    ]
+    specs = [_spec(x) for x, d in zip(leaves, is_dyn, strict=True) if d]
     closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
     scans: list[ScanInfo] = []
     walk(closed.jaxpr, 0, (), (), scans, {})
