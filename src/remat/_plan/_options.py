@@ -299,12 +299,15 @@ def fixed_solution(
             elif node.needed or not node.recomputable or listed:
                 saved.add(offsets[o] + i)
     # Only what the backward pass needs is recomputed: the needed values not saved, and what
-    # they are computed from, back to saved values.
+    # they are computed from, back to saved values. An input that is not saved is recomputed
+    # even where the save rule left it out (a value no backward rule reads, e.g. the matmul
+    # output that `split` cuts into an LSTM's gates, under ``"unfused"``): the policy does not
+    # keep it, so XLA computes it again.
     wanted = {i for i in recomputed if nodes[i].needed}
     stack = list(wanted)
     while stack:
         for u in nodes[stack.pop()].inputs:
-            if u in recomputed and u not in wanted:
+            if u not in saved and u not in wanted:
                 wanted.add(u)
                 stack.append(u)
     recomputed = wanted
