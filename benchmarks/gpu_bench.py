@@ -159,6 +159,22 @@ def measured(m) -> dict:
     )  # fmt: skip
 
 
+def compiled_then_run(loss, args, **kw) -> dict:
+    """`remat.measure` of ``loss`` compiled only, the allocator read, then timed (3 runs):
+    the measurement, the allocator after the compile and the warnings either gave."""
+    import warnings
+
+    import remat
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        remat.measure(loss, *args, repeats=0, **kw)
+        after_compile = allocator()
+        m = remat.measure(loss, *args, repeats=3, **kw)
+    return dict(measured(m), after_compile=after_compile,
+                warnings=[str(w.message)[:200] for w in caught])  # fmt: skip
+
+
 def step_compile_seconds(loss, args) -> float:
     """Seconds of one compile of the Adam step (the planner's own step)."""
     import remat
@@ -167,7 +183,6 @@ def step_compile_seconds(loss, args) -> float:
 
 
 def job(kind: str, name: str, arg: str | None, carry: str | None) -> dict:
-    import warnings
 
     import jax
 
@@ -179,21 +194,10 @@ def job(kind: str, name: str, arg: str | None, carry: str | None) -> dict:
     if kind == "peak":
         loss, args = program(name, arg if name == "mid" else None)
         strategy = arg if name == "gpt" else None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            remat.measure(loss, *args, optimizer=adam(), strategy=strategy, repeats=0)
-            out["after_compile"] = allocator()
-            m = remat.measure(loss, *args, optimizer=adam(), strategy=strategy, repeats=3)
-        out.update(measured(m), warnings=[str(w.message)[:200] for w in caught])
+        out.update(compiled_then_run(loss, args, optimizer=adam(), strategy=strategy))
     elif kind == "unrolled":
         ws, x = program(name)
-        loss = mlp_loss(arg == "checkpoint")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            remat.measure(loss, ws, x, repeats=0)
-            out["after_compile"] = allocator()
-            m = remat.measure(loss, ws, x, repeats=3)
-        out.update(measured(m), warnings=[str(w.message)[:200] for w in caught])
+        out.update(compiled_then_run(mlp_loss(arg == "checkpoint"), (ws, x)))
     elif kind == "plan" or kind == "perlayer":
         loss, args = program(name)
         out["one_compile_s"] = step_compile_seconds(loss, args)
