@@ -33,7 +33,7 @@ def check(loss, params, *args, lengths, scale=10.0, override=False):
     runs = list_runs(loss, params, *args)
     assert [r.length for r in runs] == lengths, runs
     scans = remat.list_scans(loss, params, *args)
-    assert [s.name for s in scans] == [f"rolled_{k}_layers" for k in lengths]
+    assert [s.name for s in scans] == rolled_names(lengths)
     assert [s.length for s in scans] == lengths
     assert [s.stacked for s in scans] == [r.stacked for r in runs]
     assert [s.source for s in scans] == [r.source for r in runs]
@@ -43,6 +43,57 @@ def check(loss, params, *args, lengths, scale=10.0, override=False):
     got = jax.jit(jax.value_and_grad(rolled))(params, *args)
     assert_tree_allclose(got, want, scale=scale)
     return runs
+
+
+def rolled_names(lengths):
+    """``rolled_{k}_layers``, numbered from ``_2`` for a later run of as many layers."""
+    names = []
+    for k in lengths:
+        base = f"rolled_{k}_layers"
+        n = sum(name.startswith(base) for name in names)
+        names.append(base if n == 0 else f"{base}_{n + 1}")
+    return names
+
+
+def test_runs_of_equal_length_get_names_that_select_one_scan():
+    """An encoder and a decoder of three layers each (different layers, so two runs): the
+    second is ``rolled_3_layers_2``, and a strategy naming either checkpoints that scan alone."""
+
+    def loss(params, x):
+        enc, dec = params
+        for w in enc:
+            x = jnp.tanh(x @ w)
+        for w in dec:
+            x = jax.nn.relu(x @ w) * 2.0
+        return (x**2).sum()
+
+    keys = jax.random.split(jax.random.key(3), 6)
+    ws = [jax.random.normal(k, (W, W)) / W**0.5 for k in keys]
+    params = (ws[:3], ws[3:])
+    check(loss, params, X, lengths=[3, 3])
+    first, second = remat.list_scans(loss, params, X)
+    assert (first.name, second.name) == ("rolled_3_layers", "rolled_3_layers_2")
+    plain = jax.jit(jax.value_and_grad(loss))(params, X)
+    for name, touched in (("rolled_3_layers", 0), ("rolled_3_layers_2", 1)):
+        step = remat.apply(loss, remat.Strategy(policy="full", scans=(name,)))
+        assert_tree_allclose(jax.jit(jax.value_and_grad(step))(params, X), plain)
+        bodies = scan_bodies(jax.make_jaxpr(step)(params, X).jaxpr)
+        checkpointed = [
+            any(e.primitive.name in ("checkpoint", "remat2") for e in b.eqns) for b in bodies
+        ]
+        assert checkpointed == [i == touched for i in range(2)], (name, checkpointed)
+
+
+def scan_bodies(jaxpr):
+    """The body of each scan in ``jaxpr``, depth first (inside calls too)."""
+    out = []
+    for e in jaxpr.eqns:
+        if e.primitive.name == "scan":
+            out.append(e.params["jaxpr"].jaxpr)
+        else:
+            for sub in jax.extend.core.jaxprs_in_params(e.params):
+                out.extend(scan_bodies(sub))
+    return out
 
 
 def dense_params(key, widths):

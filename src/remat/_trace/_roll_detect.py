@@ -91,6 +91,9 @@ class Run:
       stacked: shape and dtype (of one layer) of each per-layer input the scan runs over.
       shared: shape and dtype of each input every layer reads.
       hoisted: equations per layer evaluated before the scan (per-layer key folding).
+      name: the rolled scan's name, ``rolled_{length}_layers``; a later run of as many
+        layers in the same program gets ``rolled_{length}_layers_2``, ``_3``, ... so that each
+        name selects one scan (an encoder and a decoder of three layers each).
     """
 
     path: tuple[int, ...]
@@ -103,6 +106,7 @@ class Run:
     shared: tuple[jax.ShapeDtypeStruct, ...]
     hoisted: int
     plan: _RunPlan = dataclasses.field(repr=False, compare=False)
+    name: str = ""
 
     @property
     def stop(self) -> int:
@@ -230,4 +234,11 @@ def find_runs(closed_jaxpr: jcore.ClosedJaxpr) -> list[Run]:
     """
     out: list[Run] = []
     _find(closed_jaxpr.jaxpr, (), _Tokens(), [], out)
-    return out
+    seen: dict[str, int] = {}
+    named = []
+    for run in out:
+        base = f"rolled_{run.length}_layers"
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+        named.append(dataclasses.replace(run, name=name))
+    return named

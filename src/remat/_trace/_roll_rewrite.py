@@ -22,7 +22,8 @@ evaluated for every layer before the scan and their results stacked; inside a la
 bound as it was, so values and gradients equal the program as written (up to the
 reassociation XLA may do differently in a loop).
 
-Each scan runs under ``jax.named_scope(f"rolled_{k}_layers")`` and keeps the first layer's
+Each scan runs under ``jax.named_scope(run.name)`` (``rolled_{k}_layers``, numbered from
+``_2`` for a later run of as many layers) and keeps the first layer's
 source line, so `remat.list_scans` shows it with a name, a length and a line.
 
 `roll_unscanned` is what ``roll=True`` (the default of `remat.apply`, `remat.list_scans`,
@@ -113,7 +114,7 @@ def _run_scan(run: Run, eqns, env) -> None:
         return new, [local[eqns[s + q].outvars[o]] for q, o in plan.ys]
 
     traceback = eqns[s].source_info.traceback
-    with source_info_util.user_context(traceback), jax.named_scope(f"rolled_{k}_layers"):
+    with source_info_util.user_context(traceback), jax.named_scope(run.name):
         carry, ys = lax.scan(step, init, jnp.arange(k), length=k)
     last = s + (k - 1) * p
     for (q, o), value in zip(plan.carry, carry, strict=True):
@@ -317,7 +318,7 @@ def rolled_scans(fn: Callable[..., Any], args, kwargs, check: bool = True) -> li
     """The scans of ``roll_unscanned(fn)`` at these inputs, each rolled one with ``stacked``.
 
     For a program with scans, its own scans; else one scan per run of layers, named
-    ``rolled_{k}_layers``, with the first layer's source line and ``stacked`` set to the
+    ``rolled_{k}_layers`` (``rolled_{k}_layers_2``, ... for later runs of as many layers), with the first layer's source line and ``stacked`` set to the
     shapes and dtypes (of one layer) of the per-layer inputs stacked for it.
     """
     leaves, treedef, _, _ = _split_args(args, kwargs)
@@ -336,9 +337,7 @@ def rolled_scans(fn: Callable[..., Any], args, kwargs, check: bool = True) -> li
             (
                 r
                 for r in waiting
-                if info.name == f"rolled_{r.length}_layers"
-                and info.length == r.length
-                and info.source == r.source
+                if info.name == r.name and info.length == r.length and info.source == r.source
             ),
             None,
         )
