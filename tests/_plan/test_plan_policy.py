@@ -166,6 +166,26 @@ def test_explain_speaks_in_the_users_names():
     assert "policy=plan.policy" in text
 
 
+def test_naming_advice_names_a_line_in_a_loop_once():
+    """Six saved values made by one source line (a Python loop inside the step) and one of
+    another: two ``checkpoint_name`` lines, and the policy names those two."""
+    from types import SimpleNamespace as V
+
+    from remat._plan._explain import paste_code
+
+    def value(name, source, primitive="dot_general"):
+        return V(name=name, user_name=None, source=source, dtype="float32", shape=(4, 8),
+                 primitive=primitive)  # fmt: skip
+
+    loop = [value(f"remat_s0_e{i}_0", "model.py:12") for i in range(6)]
+    saved = [*loop, value("remat_s0_e9_0", "model.py:20", "tanh"), value("c", "", "carry")]
+    scan = V(position=0, schedule="per_step", saved=saved)
+    text = paste_code(V(rolled=False, scans=[scan]))
+    assert text.count("at model.py:12:") == 1 and text.count("at model.py:20:") == 1
+    assert "makes 6 of the saved values" in text
+    assert "save_only_these_names('remat_s0_e0_0', 'remat_s0_e9_0')" in text
+
+
 ### Plan.policy in the user's own scan
 
 

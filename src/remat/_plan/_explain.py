@@ -137,6 +137,41 @@ def per_layer_code(plan: Any) -> str:
     )
 
 
+def _naming_lines(values: list[Any]) -> tuple[list[str], list[str]]:
+    """One ``checkpoint_name`` line per source line of the saved values without a name.
+
+    A line that makes several of them (a Python loop inside the scan's step) is named once:
+    one ``checkpoint_name`` there names every value it makes, so the advice says how many
+    of them the plan saves and that a name there saves them all. Returns the lines and the
+    names they give (one per source line).
+
+    Example:
+      >>> from types import SimpleNamespace as V
+      >>> v = dict(source="m.py:7", dtype="float32", shape=(4,), primitive="dot_general")
+      >>> lines, names = _naming_lines([V(name="a", **v), V(name="b", **v)])
+      >>> names
+      ['a']
+      >>> print(lines[0])
+          at m.py:7: y = checkpoint_name(y, 'a')  # dot_general float32[4]; this line makes 2 of the saved values (a loop in the step): one name here names them all
+    """
+    groups: dict[str, list[Any]] = {}
+    for i, v in enumerate(values):
+        groups.setdefault(v.source or f"?{i}", []).append(v)
+    lines, names = [], []
+    for group in groups.values():
+        v = group[0]
+        where = f"at {v.source}: " if v.source else ""
+        note = f"  # {v.primitive} {v.dtype}{list(v.shape)}"
+        if len(group) > 1:
+            note += (
+                f"; this line makes {len(group)} of the saved values (a loop in the step): "
+                "one name here names them all"
+            )
+        lines.append(f"    {where}y = checkpoint_name(y, {v.name!r}){note}")
+        names.append(v.name)
+    return lines, names
+
+
 def paste_code(plan: Any) -> str:
     """The code that reproduces the plan in the user's own scan, with `plan.policy`."""
     from ._policy import unnamed
@@ -170,12 +205,11 @@ def paste_code(plan: Any) -> str:
             "These saved values have no name of yours; the policy matches them by primitive "
             "and operand types. To match them exactly, name them where they are computed:"
         )
-        for _, v in missing:
-            where = f"at {v.source}: " if v.source else ""
-            shape = f"{v.dtype}{list(v.shape)}"
-            lines.append(f"    {where}y = checkpoint_name(y, {v.name!r})  # {v.primitive} {shape}")
-        every = sorted({v.user_name or v.name for s in plan.scans for v in s.saved
-                        if s.schedule == "per_step" and v.primitive != "carry"})  # fmt: skip
+        naming, given = _naming_lines([v for _, v in missing])
+        lines.extend(naming)
+        every = sorted({v.user_name for s in plan.scans for v in s.saved
+                        if s.schedule == "per_step" and v.primitive != "carry" and v.user_name}
+                       | set(given))  # fmt: skip
         lines.append(
             "  (from jax.ad_checkpoint import checkpoint_name), and then the policy is "
             "jax.checkpoint_policies.save_only_these_names("
