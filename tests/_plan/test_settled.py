@@ -9,7 +9,7 @@ import pytest
 
 import remat
 from conftest import mlp_stack
-from remat._core._budget import read_budget
+from remat._core._budget import format_bytes, read_budget
 from remat._plan._calibrate import prepare
 from remat._plan._compile import STEP, peak_of, tally
 from remat._plan._memo import Knowledge, margins
@@ -56,6 +56,12 @@ def test_an_infeasible_replan_compiles_no_step_where_the_known_settle_it(prepare
     assert budget < settled.predicted_peak_bytes <= fresh.smallest_peak_bytes + spread
     assert str(settled.predicted_peak_bytes) in str(settled)
     assert "nothing more was compiled" in str(settled)
+    # the advice names both: the least compiled fits; the least predicted is where to try
+    assert settled.predicted_peak_bytes < settled.smallest_peak_bytes
+    assert f"Raise the budget to {format_bytes(settled.smallest_peak_bytes)} (a compiled" in str(
+        settled
+    )
+    assert f"try down to {format_bytes(settled.predicted_peak_bytes)}" in str(settled)
 
     # Just under the smallest peak the fresh planner compiled, nothing is settled: the rounds
     # compile as before (the least-memory plan is predicted within the spread of the budget).

@@ -31,7 +31,7 @@ PLAN_FORMAT = 2
 _INFEASIBLE = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the smallest peak the "
     "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
-    "{baseline_name} {baseline}{strategy}). Raise the budget to at least {smallest}, or reduce "
+    "{baseline_name} {baseline}{strategy}). {advice}, or reduce "
     "what lives outside the scans (batch size, parameters, vocabulary)."
 )
 
@@ -133,6 +133,7 @@ class InfeasibleBudget(ValueError):
                 fraction=smallest / baseline if baseline else 0.0,
                 baseline=format_bytes(baseline),
                 strategy="" if strategy is None else f", measured with {strategy}",
+                advice=_advice(smallest, predicted),
             )
             if predicted is not None:
                 text += _PREDICTED.format(predicted=format_bytes(predicted),
@@ -147,6 +148,23 @@ class InfeasibleBudget(ValueError):
         self.smallest_peak_bytes = smallest
         self.predicted_peak_bytes = predicted
         self.baseline_peak_bytes = baseline
+
+
+def _advice(smallest: int, predicted: int | None) -> str:
+    """What budget to ask for: the least peak compiled, and, when the planner settled the
+    budget from predictions below that, the least predicted too (its least-memory plan was
+    not compiled, so the peak it reaches may be below the least compiled one).
+
+    Example:
+      >>> _advice(4_680_000, 4_580_000)
+      'Raise the budget to 4.46 MiB (a compiled plan fits it) or try down to 4.37 MiB (the least peak predicted, not compiled)'
+    """
+    if predicted is not None and predicted < smallest:
+        return (
+            f"Raise the budget to {format_bytes(smallest)} (a compiled plan fits it) or try "
+            f"down to {format_bytes(predicted)} (the least peak predicted, not compiled)"
+        )
+    return f"Raise the budget to at least {format_bytes(smallest)}"
 
 
 def nested_scans(infos: Any) -> str | None:
