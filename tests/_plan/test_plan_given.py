@@ -105,6 +105,7 @@ def compiler_with_a_line(decoder):
     return plan, know, line, extra
 
 
+@pytest.mark.slow  # three plans (~20 s); `_dearer` is exercised by default by the test below
 def test_a_plan_under_the_compilers_own_recomputation_is_found(decoder, compiler_with_a_line):
     loss, args, plain = decoder
     plan, know, line, extra = compiler_with_a_line
