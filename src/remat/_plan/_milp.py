@@ -381,17 +381,21 @@ def solve(
     if minimize == "flops":
         coeffs = {k: mem[k] / scale_mem for k in range(nvar) if mem[k]}
         row(coeffs, -np.inf, (budget_bytes - fixed_bytes) / scale_mem)
+
+    def differs(chosen: dict[int, bool]) -> None:
+        """A no-good row: at least one of these binary variables differs from ``chosen``
+        (``sum(1 - x over the chosen) + sum(x over the others) >= 1``)."""
+        coeffs = {v: (-1.0 if on else 1.0) for v, on in chosen.items()}
+        row(coeffs, 1.0 - sum(chosen.values()), np.inf)
+
+    saveable = [i for i in range(n) if nodes[i].saveable]
+    costly = [i for i in range(n) if nodes[i].recomputable and nodes[i].flops > 0]
     for ex in exclude:  # at least one save or option variable differs from ``ex``
-        coeffs = {i: (-1.0 if i in ex.saved else 1.0) for i in range(n) if nodes[i].saveable}
-        coeffs.update({y + k: (-1.0 if k in ex.options else 1.0) for k in range(m)})
-        ones = sum(1 for i in ex.saved if nodes[i].saveable) + len(ex.options)
-        row(coeffs, 1.0 - ones, np.inf)
+        chosen = {i: i in ex.saved for i in saveable}
+        differs(chosen | {y + k: k in ex.options for k in range(m)})
     for ex in exclude_costly:  # at least one costly recompute or option variable differs
-        costly = [i for i in range(n) if nodes[i].recomputable and nodes[i].flops > 0]
-        coeffs = {n + i: (-1.0 if i in ex.recomputed else 1.0) for i in costly}
-        coeffs.update({y + k: (-1.0 if k in ex.options else 1.0) for k in range(m)})
-        ones = sum(1 for i in costly if i in ex.recomputed) + len(ex.options)
-        row(coeffs, 1.0 - ones, np.inf)
+        chosen = {n + i: i in ex.recomputed for i in costly}
+        differs(chosen | {y + k: k in ex.options for k in range(m)})
     if max_flops is not None:
         coeffs = {k: flops[k] / scale_flops for k in range(nvar) if flops[k]}
         row(coeffs, -np.inf, max_flops / scale_flops + 1e-9)
