@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import pytest
-from conftest import fixed_save_sets
 
+from conftest import fixed_save_sets
 from remat._measure._peak import compiled_memory
 from remat._models._gpt import make_gpt
 from remat._models._maxtext import decoder_shapes

@@ -1,0 +1,71 @@
+"""The scans a least-memory check leads to, compiled beside it (`_alone.uncharged_siblings`,
+`_settled.check_least`): an infeasible re-plan charges its scan's `remat.Binomial` options
+one solve after another and then checks the named strategies alone; compiled in one batch,
+the same scans are compiled and the same answer given as when each waits for the one before."""
+
+from __future__ import annotations
+
+import pytest
+
+import remat
+from conftest import mlp_stack
+from remat._core._budget import read_budget
+from remat._core._schedule import Binomial
+from remat._plan import _alone, _body, _rounds
+from remat._plan._calibrate import prepare
+from remat._plan._compile import peak_of
+from remat._plan._memo import Knowledge
+from remat._plan._rounds import plan_prepared
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    loss, args = mlp_stack(layers=8, d=32, batch=256)
+    return prepare(loss, args, 0, True)
+
+
+def replan(prep, monkeypatch, beside: bool):
+    """An infeasible budget after a plan at 90%: the error, the scans compiled alone by the
+    re-plan (one list per batch) and what ``know`` learnt."""
+    know = Knowledge(prep)
+    plan_prepared(prep, read_budget("90%"), knowledge=know)
+    base = prep.baseline
+    floor = base.argument_bytes + base.output_bytes - base.alias_bytes
+    budget = floor + (peak_of(base) - floor) // 50
+    batches = []
+    original = _body.scan_memories
+
+    def recorded(requests, *a, **k):
+        batches.append([choice for _, choice, _ in requests])
+        return original(requests, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(_alone, "scan_memories", recorded)
+        if not beside:  # each scan compiled when its check asks for it
+            m.setattr(_alone, "uncharged_siblings", lambda *a: [])
+            m.setattr(_rounds, "check_least", _alone.check_alone)
+        with pytest.raises(remat.InfeasibleBudget) as err:
+            plan_prepared(prep, read_budget(budget), knowledge=know)
+    return err.value, [b for b in batches if b], know
+
+
+def test_binomial_charges_and_named_checks_compile_in_one_batch(prepared, monkeypatch):
+    together, batches, know = replan(prepared, monkeypatch, beside=True)
+    alone, one_by_one, know_one = replan(prepared, monkeypatch, beside=False)
+    binomials = [c for c in prepared.cands if isinstance(c.schedule, Binomial)]
+    assert len(binomials) > 1
+    # One after another: a batch per check, each Binomial charged by its own.
+    assert len(one_by_one) > len(batches) == 1
+    first = batches[0]
+    assert {repr(c.schedule) for c in first if isinstance(c.schedule, Binomial)} == {
+        repr(c.schedule) for c in binomials
+    }
+    assert sorted(map(repr, first)) == sorted(repr(c) for b in one_by_one for c in b)
+    # ... and the same answer, from the same scans' memory.
+    assert (together.smallest_peak_bytes, together.predicted_peak_bytes) == (
+        alone.smallest_peak_bytes,
+        alone.predicted_peak_bytes,
+    )
+    assert together.predicted_peak_bytes is not None  # settled without a step compile
+    assert know.alone == know_one.alone
+    assert know.option_extra == know_one.option_extra
