@@ -42,7 +42,6 @@ def replan(prep, monkeypatch, beside: bool):
     with monkeypatch.context() as m:
         m.setattr(_alone, "scan_memories", recorded)
         if not beside:  # each scan compiled when its check asks for it
-            m.setattr(_alone, "uncharged_siblings", lambda *a: [])
             m.setattr(_rounds, "check_least", _alone.check_alone)
         with pytest.raises(remat.InfeasibleBudget) as err:
             plan_prepared(prep, read_budget(budget), knowledge=know)

@@ -85,7 +85,7 @@ def check_alone(
     total = float(baseline.argument_bytes + baseline.output_bytes - baseline.alias_bytes)
     recharged = False
     if not priced:
-        compile_alone(prep, know, [(solution, choice), *uncharged_siblings(prep, know, solution)])
+        compile_alone(prep, know, [(solution, choice)])
     contributions = {}
     for o in solution.options:
         scan_choice = choice.choices[prep.infos[prep.cands[o].scan].position]
@@ -116,10 +116,10 @@ def uncharged_siblings(prep: Prepared, know: Knowledge, solution: Solution) -> l
     """Where ``solution`` gives a scan a `remat.Binomial` option not yet charged (its check
     charges it, and the rounds solve again with that charge: `check_alone`), the scan's other
     uncharged `remat.Binomial` options as ``(solution, choice)`` pairs, to be compiled alone
-    beside it. Each saves every needed value whatever the solution (``save_all``), so the
-    check that charges it, if the solver picks it next, finds its scan compiled: the charges
-    come one solve after another (at Llama-3-8B shapes an infeasible re-plan at 35% charged
-    the four in turn), and compiled together they take little more than one compile."""
+    beside it (`_settled.check_least`). Each saves every needed value whatever the solution
+    (``save_all``), so the check that charges it, if the solver picks it next, finds its scan
+    compiled: the least-memory choices charge them one solve after another (at Llama-3-8B
+    shapes an infeasible re-plan at 35% charged the four in turn)."""
     pairs = []
     for o in solution.options:
         cand = prep.cands[o]
