@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -225,6 +226,7 @@ _PLACEHOLDER = jax.checkpoint_policies.save_only_these_names()
 # Scans whose forward program is kept (`_forward`), the most recent last.
 _FORWARDS: collections.OrderedDict[Any, tuple[Any, Any]] = collections.OrderedDict()
 FORWARDS = 4
+_FORWARDS_LOCK = threading.Lock()
 
 
 class _Placeholder(ScanChoice):
@@ -253,16 +255,18 @@ def _forward(info: ScanInfo, length: int, d_specs, o_specs, diff) -> Any:
     this one with its policy put in (`_with_policy`): tracing the body with each policy
     gives the same program (`tests/_plan/test_body.py` compares them)."""
     key = (id(info.jaxpr), info.position, info.reverse, length, tuple(d_specs), tuple(o_specs))
-    kept = _FORWARDS.get(key)
-    if kept is not None and kept[0] is info.jaxpr:
-        _FORWARDS.move_to_end(key)
-        return kept[1]
+    with _FORWARDS_LOCK:  # `_mixes` lowers on a thread of its own
+        kept = _FORWARDS.get(key)
+        if kept is not None and kept[0] is info.jaxpr:
+            _FORWARDS.move_to_end(key)
+            return kept[1]
     run = scan_program(info, _Placeholder(names=()), length)
     merged = functools.partial(_merged, run, diff, info.num_consts, info.num_carry)
     forward = jax.make_jaxpr(merged)(*d_specs, *o_specs)
-    _FORWARDS[key] = (info.jaxpr, forward)  # the body kept: its id stays its own
-    while len(_FORWARDS) > FORWARDS:
-        _FORWARDS.popitem(last=False)
+    with _FORWARDS_LOCK:
+        _FORWARDS[key] = (info.jaxpr, forward)  # the body kept: its id stays its own
+        while len(_FORWARDS) > FORWARDS:
+            _FORWARDS.popitem(last=False)
     return forward
 
 
