@@ -38,6 +38,7 @@ from .._shard._sharding import per_device_bytes
 from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
+from .._trace._taps import tapping
 from ._compile import SCAN, compile_each, scan_options
 from ._phases import ScanMemory
 
@@ -239,9 +240,11 @@ class _Placeholder(ScanChoice):
 def _derivable(choice: ScanChoice | None) -> bool:
     """Whether ``choice``'s scan-alone program is the scan's forward program traced once
     (`_forward`) with its policy in place of the placeholder's: a ``per_step`` scan that
-    saves one set of names in every step."""
+    saves one set of names in every step, traced outside `remat._trace._taps.tapped` (a tap
+    changes the body's values)."""
     return (
-        choice is not None
+        not tapping()
+        and choice is not None
         and choice.names is not None
         and choice.schedule == "per_step"
         and not choice.pattern
