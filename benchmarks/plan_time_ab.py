@@ -22,6 +22,12 @@ options and with a scan's (`remat._plan._compile.scan_options`), alternating, an
 CPU seconds of each compile and whether their memory analyses agree:
 
   PYTHONPATH=src python benchmarks/plan_time_ab.py --scan-options [--model Llama-3-8B]
+
+``--lowering`` lowers the calibration programs but the one as written (`_plan._body`) from
+the scan's forward program traced once and, alternating, traced with each save set, and
+prints the median CPU seconds of each way:
+
+  PYTHONPATH=src python benchmarks/plan_time_ab.py --lowering [--model Llama-3-70B]
 """
 
 from __future__ import annotations
@@ -61,11 +67,10 @@ def child(model: str, budgets: str) -> None:
                               load=os.getloadavg()[0])))  # fmt: skip
 
 
-def scan_options(model: str) -> None:
-    from remat._measure._peak import compiled_memory
+def calibration_points(model: str):
+    """The model's scan (`ScanInfo`), its length, and the planner's calibration save sets of
+    it (every needed value saved, none, every unfused value, as written)."""
     from remat._models._maxtext import decoder_shapes
-    from remat._plan._body import lower_scan
-    from remat._plan._compile import COMPILER_OPTIONS, scan_options
     from remat._plan._costmodel import model_scans
     from remat._plan._options import assemble, candidates, fixed_choice
     from remat._trace._tag import planned_scans
@@ -81,8 +86,17 @@ def scan_options(model: str) -> None:
         for save in (True, False, "unfused")
     }
     points["as written"] = None
+    return info, models[0].length, points
+
+
+def scan_options(model: str) -> None:
+    from remat._measure._peak import compiled_memory
+    from remat._plan._body import lower_scan
+    from remat._plan._compile import COMPILER_OPTIONS, scan_options
+
+    info, length, points = calibration_points(model)
     for k, (label, choice) in enumerate(points.items()):
-        lowered = lower_scan(info, choice, models[0].length)
+        lowered = lower_scan(info, choice, length)
         runs = [("step's", COMPILER_OPTIONS), ("scan's", scan_options())]
         memories = {}
         for name, options in runs if k % 2 == 0 else runs[::-1]:
@@ -94,11 +108,32 @@ def scan_options(model: str) -> None:
         print(f"  same memory analysis: {step == scan}", flush=True)
 
 
+def lowering(model: str, repeats: int) -> None:
+    from remat._plan import _body
+
+    info, length, points = calibration_points(model)
+    derivable = _body._derivable
+    seconds: dict[str, list[float]] = {"derived": [], "traced": []}
+    for k in range(2 * repeats):
+        for how in ("derived", "traced") if k % 2 == 0 else ("traced", "derived"):
+            _body._derivable = derivable if how == "derived" else (lambda _: False)
+            for choice in points.values():
+                if choice is not None:
+                    cpu = time.thread_time()
+                    _body.lower_scan(info, choice, length)
+                    seconds[how].append(time.thread_time() - cpu)
+    _body._derivable = derivable
+    for how, s in seconds.items():
+        print(f"{model} scan alone lowered, {how}: median {sorted(s)[len(s) // 2]:.3f} s of CPU "
+              f"({len(s)} lowerings); load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", help="the other version's src folder")
     parser.add_argument("--after", help="this version's src folder")
     parser.add_argument("--scan-options", action="store_true")
+    parser.add_argument("--lowering", action="store_true")
     parser.add_argument("--model", default="Llama-3-70B", choices=sorted(MODELS))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
@@ -114,8 +149,11 @@ def main() -> None:
     if args.scan_options:
         scan_options(args.model)
         return
+    if args.lowering:
+        lowering(args.model, args.repeats)
+        return
     if not args.before or not args.after:
-        parser.error("give --before and --after (two src folders), or --scan-options")
+        parser.error("give --before and --after (two src folders), --scan-options or --lowering")
     here = os.path.dirname(os.path.abspath(__file__))
     for _ in range(args.repeats):
         for label, src in (("before", args.before), ("after", args.after)):
