@@ -19,16 +19,21 @@ from remat._plan._rounds import plan_prepared
 
 
 @pytest.fixture(scope="module")
-def prepared():
+def planned():
+    """The stack prepared, and what a plan at 90% of its peak learnt."""
     loss, args = mlp_stack(layers=8, d=32, batch=256)
-    return prepare(loss, args, 0, True)
-
-
-def replan(prep, monkeypatch, beside: bool):
-    """An infeasible budget after a plan at 90%: the error, the scans compiled alone by the
-    re-plan (one list per batch) and what ``know`` learnt."""
+    prep = prepare(loss, args, 0, True)
     know = Knowledge(prep)
     plan_prepared(prep, read_budget("90%"), knowledge=know)
+    return prep, know
+
+
+def replan(planned, monkeypatch, beside: bool):
+    """An infeasible budget after the plan at 90%: the error, the scans compiled alone by
+    the re-plan (one list per batch) and what it learnt."""
+    prep, learnt = planned
+    know = Knowledge(prep, measured=dict(learnt.measured), alone=dict(learnt.alone),
+                     option_extra=dict(learnt.option_extra), margin=learnt.margin)  # fmt: skip
     base = prep.baseline
     floor = base.argument_bytes + base.output_bytes - base.alias_bytes
     budget = floor + (peak_of(base) - floor) // 50
@@ -48,10 +53,10 @@ def replan(prep, monkeypatch, beside: bool):
     return err.value, [b for b in batches if b], know
 
 
-def test_binomial_charges_and_named_checks_compile_in_one_batch(prepared, monkeypatch):
-    together, batches, know = replan(prepared, monkeypatch, beside=True)
-    alone, one_by_one, know_one = replan(prepared, monkeypatch, beside=False)
-    binomials = [c for c in prepared.cands if isinstance(c.schedule, Binomial)]
+def test_binomial_charges_and_named_checks_compile_in_one_batch(planned, monkeypatch):
+    together, batches, know = replan(planned, monkeypatch, beside=True)
+    alone, one_by_one, know_one = replan(planned, monkeypatch, beside=False)
+    binomials = [c for c in planned[0].cands if isinstance(c.schedule, Binomial)]
     assert len(binomials) > 1
     # One after another: a batch per check, each Binomial charged by its own.
     assert len(one_by_one) > len(batches) == 1
