@@ -14,6 +14,8 @@ carried values, the per-step inputs and the loop-invariant ones), rewritten as
 `remat._trace._tag.rewrite` rewrites it inside the program: a ``per_step`` scan checkpoints
 its tagged body with ``save_only_these_names``; a `remat.Nested` or `remat.Binomial` one runs
 with `remat.scan`. Its inputs are abstract (`jax.ShapeDtypeStruct`): nothing is allocated.
+The forward program of a ``per_step`` scan is traced once, and each save set's is that one with
+its policy put into the checkpoint (`_forward`): the same program as traced with the policy.
 """
 
 from __future__ import annotations
