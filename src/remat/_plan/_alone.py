@@ -112,33 +112,6 @@ def check_alone(
     return total, recharged
 
 
-def uncharged_siblings(prep: Prepared, know: Knowledge, solution: Solution) -> list:
-    """Where ``solution`` gives a scan a `remat.Binomial` option not yet charged (its check
-    charges it, and the rounds solve again with that charge: `check_alone`), the scan's other
-    uncharged `remat.Binomial` options as ``(solution, choice)`` pairs, to be compiled alone
-    beside it (`_settled.check_least`). Each saves every needed value whatever the solution
-    (``save_all``), so the check that charges it, if the solver picks it next, finds its scan
-    compiled: the least-memory choices charge them one solve after another (at Llama-3-8B
-    shapes an infeasible re-plan at 35% charged the four in turn)."""
-    pairs = []
-    for o in solution.options:
-        cand = prep.cands[o]
-        if not cand.save_all or o in know.option_extra:
-            continue
-        for other, sibling in enumerate(prep.cands):
-            if (
-                other == o
-                or sibling.scan != cand.scan
-                or not sibling.save_all
-                or other in know.option_extra
-            ):
-                continue
-            options = tuple(other if x == o else x for x in solution.options)
-            swapped = dataclasses.replace(solution, options=options)
-            pairs.append((swapped, prep.decode(swapped)))
-    return pairs
-
-
 def priced_mix(prep: Prepared, know: Knowledge, o: int, scan_choice: Any) -> float | None:
     """The scan-alone contribution of per-layer option ``o`` (``scan_choice``: a run of layers
     saving one set, then a run saving another, or one set in every layer) on the line through

@@ -1,7 +1,7 @@
-"""The scans a least-memory check leads to, compiled beside it (`_alone.uncharged_siblings`,
-`_settled.check_least`): an infeasible re-plan charges its scan's `remat.Binomial` options
-one solve after another and then checks the named strategies alone; compiled in one batch,
-the same scans are compiled and the same answer given as when each waits for the one before."""
+"""The named strategies a least-memory check leads to, compiled beside it
+(`_settled.check_least`): an infeasible re-plan checks its least-memory choices alone, then
+the named strategies (`surely_over`); the named ones compiled in the first check's batch, the
+same scans are compiled and the same answer given as when they wait for the last check."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 import remat
 from conftest import mlp_stack
 from remat._core._budget import read_budget
-from remat._core._schedule import Binomial
 from remat._plan import _alone, _body, _rounds
 from remat._plan._calibrate import prepare
 from remat._plan._compile import peak_of
@@ -46,25 +45,22 @@ def replan(planned, monkeypatch, beside: bool):
 
     with monkeypatch.context() as m:
         m.setattr(_alone, "scan_memories", recorded)
-        if not beside:  # each scan compiled when its check asks for it
+        if not beside:  # the named strategies compiled when `surely_over` asks for them
             m.setattr(_rounds, "check_least", _alone.check_alone)
         with pytest.raises(remat.InfeasibleBudget) as err:
             plan_prepared(prep, read_budget(budget), knowledge=know)
     return err.value, [b for b in batches if b], know
 
 
-def test_binomial_charges_and_named_checks_compile_in_one_batch(planned, monkeypatch):
+def test_the_named_checks_compile_beside_the_first_least_memory_check(planned, monkeypatch):
     together, batches, know = replan(planned, monkeypatch, beside=True)
     alone, one_by_one, know_one = replan(planned, monkeypatch, beside=False)
-    binomials = [c for c in planned[0].cands if isinstance(c.schedule, Binomial)]
-    assert len(binomials) > 1
-    # One after another: a batch per check, each Binomial charged by its own.
-    assert len(one_by_one) > len(batches) == 1
-    first = batches[0]
-    assert {repr(c.schedule) for c in first if isinstance(c.schedule, Binomial)} == {
-        repr(c.schedule) for c in binomials
-    }
-    assert sorted(map(repr, first)) == sorted(repr(c) for b in one_by_one for c in b)
+    # One after another: the least-memory choices (each Binomial charged by its own check),
+    # then the named strategies; beside: the named ones in the first batch.
+    assert len(one_by_one) > 2
+    assert len(batches) == len(one_by_one) - 1
+    assert batches[0] == one_by_one[0] + one_by_one[-1]
+    assert batches[1:] == one_by_one[1:-1]
     # ... and the same answer, from the same scans' memory.
     assert (together.smallest_peak_bytes, together.predicted_peak_bytes) == (
         alone.smallest_peak_bytes,
