@@ -170,3 +170,21 @@ def mlp_stack(layers=8, d=16, batch=128, act=jnp.tanh, seed=0):
         jax.random.normal(k2, (layers, 4 * d, d)) / jnp.sqrt(4 * d),
     )
     return loss, (params, jax.random.normal(k3, (batch, d)))
+
+
+def fixed_save_sets(loss, args, saves=(True, False, "unfused")):
+    """The one scan of ``loss`` planned alone (`ScanInfo`), its length, and its calibration
+    points' save sets (`_options.fixed_choice`: every needed value saved, none, the unfused
+    values)."""
+    from remat._plan._costmodel import model_scans
+    from remat._plan._options import assemble, candidates, fixed_choice
+    from remat._trace._tag import planned_scans
+
+    (info,) = infos = planned_scans(loss, *args)
+    models = model_scans(infos)
+    cands = candidates(models, False)
+    _, _, offsets = assemble(cands)
+    choices = [
+        fixed_choice(cands, offsets, models, [0], save=s).choices[info.position] for s in saves
+    ]
+    return info, models[0].length, choices

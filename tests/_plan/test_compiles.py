@@ -13,6 +13,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import remat
+from conftest import fixed_save_sets
 from conftest import mlp_stack as shared_mlp_stack
 from remat._measure._hlo import hlo_flops
 from remat._measure._peak import peak_bytes
@@ -108,22 +109,12 @@ def test_scan_options_change_neither_memory_phases_nor_flops_of_a_scan_alone():
     from remat._measure._phases import loop_phases
     from remat._measure._xla_dump import compile_with_dump
     from remat._plan._body import lower_scan
-    from remat._plan._costmodel import model_scans
-    from remat._plan._options import assemble, candidates, fixed_choice
-    from remat._trace._tag import planned_scans
 
     loss, args = make_gpt(layers=2, d_model=32, seq=16, batch=2, heads=2)
-    (info,) = infos = planned_scans(loss, *args)
-    models = model_scans(infos)
-    cands = candidates(models, False)
-    _, _, offsets = assemble(cands)
-    choices = [
-        fixed_choice(cands, offsets, models, [0], save=s).choices[info.position]
-        for s in (False, "unfused")
-    ]
+    info, length, choices = fixed_save_sets(loss, args, (False, "unfused"))
     assert _compile.scan_options() is _compile.SCAN_CPU_OPTIONS
     for choice in [*choices, None]:
-        lowered = lower_scan(info, choice, models[0].length)
+        lowered = lower_scan(info, choice, length)
         read = [compile_with_dump(lowered, o) for o in (_compile.SCAN_CPU_OPTIONS,
                                                         _compile.COMPILER_OPTIONS)]  # fmt: skip
         (fast, fast_dump), (slow, slow_dump) = read

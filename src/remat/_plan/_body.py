@@ -14,15 +14,21 @@ carried values, the per-step inputs and the loop-invariant ones), rewritten as
 `remat._trace._tag.rewrite` rewrites it inside the program: a ``per_step`` scan checkpoints
 its tagged body with ``save_only_these_names``; a `remat.Nested` or `remat.Binomial` one runs
 with `remat.scan`. Its inputs are abstract (`jax.ShapeDtypeStruct`): nothing is allocated.
+The forward program of a ``per_step`` scan is traced once, and each save set's is that one with
+its policy put into the checkpoint (`_forward`): the same program as traced with the policy.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jcore
 
 from .._core._schedule import Binomial
 from .._measure._hbm import compile_measured
@@ -34,6 +40,7 @@ from .._shard._sharding import per_device_bytes
 from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
+from .._trace._taps import tapping
 from ._compile import SCAN, compile_each, scan_options
 from ._phases import ScanMemory
 
@@ -176,26 +183,12 @@ def _lowered(info, choice, length, device=None) -> tuple[Any, tuple[int, int]]:
     xs = [jax.ShapeDtypeStruct((length, *s.shape), s.dtype) for s in specs[nc + nk :]]
     flat_in = [*consts, *init, *xs]
     diff = [jnp.issubdtype(s.dtype, jnp.inexact) for s in flat_in]
-    run = scan_program(info, choice, length)
-
-    def merged(d_in, o_in):
-        it_d, it_o = iter(d_in), iter(o_in)
-        full = [next(it_d) if d else next(it_o) for d in diff]
-        carry, ys = run(full[:nc], full[nc : nc + nk], full[nc + nk :])
-        return [*carry, *ys]
-
     d_specs = [s for s, d in zip(flat_in, diff, strict=True) if d]
     o_specs = [s for s, d in zip(flat_in, diff, strict=True) if not d]
     avals = info.jaxpr.out_avals  # the body's: carried values, then one step's outputs
     outs = [_spec(a) for a in avals[:nk]]
     outs += [jax.ShapeDtypeStruct((length, *a.shape), a.dtype) for a in avals[nk:]]
     ct_specs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
-
-    def program(d_in, o_in, ct):
-        ct = [c if jnp.issubdtype(c.dtype, jnp.inexact) else None for c in ct]
-        _, vjp = jax.vjp(lambda d: merged(d, o_in), d_in)
-        return vjp([_zero_if_none(c, o) for c, o in zip(ct, outs, strict=True)])
-
     if isinstance(device, ScanPlacement):  # a sharded step: placed as in the step
         d_specs, o_specs, ct_specs = _placed(device, info, flat_in, outs, diff)
     elif device is not None:  # every input on the step's device: the same compiler as the step
@@ -204,9 +197,106 @@ def _lowered(info, choice, length, device=None) -> tuple[Any, tuple[int, int]]:
             [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on) for s in specs_]
             for specs_ in (d_specs, o_specs, ct_specs)
         )
+    if _derivable(choice):  # the body traced once: only the policy differs between save sets
+        forward = _forward(info, length, d_specs, o_specs, diff)
+        merged = jcore.jaxpr_as_fun(_with_policy(forward, choice.policy()))
+    else:
+        run = scan_program(info, choice, length)
+        merged = functools.partial(_merged, run, diff, nc, nk)
+
+    def program(d_in, o_in, ct):
+        ct = [c if jnp.issubdtype(c.dtype, jnp.inexact) else None for c in ct]
+        _, vjp = jax.vjp(lambda d: merged(*d, *o_in), d_in)
+        return vjp([_zero_if_none(c, o) for c, o in zip(ct, outs, strict=True)])
+
     grads = sum(per_device_bytes(s) for s in d_specs)
     io = (grads + sum(per_device_bytes(s) for s in (*o_specs, *ct_specs)), grads)
     return jax.jit(program).lower(d_specs, o_specs, ct_specs), io
+
+
+def _merged(run, diff, nc, nk, *ins) -> list[Any]:
+    """The scan of ``run`` on its inputs given as the floating-point ones, then the others
+    (``diff`` says which each input is): its carried values, then its outputs."""
+    n = sum(diff)
+    it_d, it_o = iter(ins[:n]), iter(ins[n:])
+    full = [next(it_d) if d else next(it_o) for d in diff]
+    carry, ys = run(full[:nc], full[nc : nc + nk], full[nc + nk :])
+    return [*carry, *ys]
+
+
+# The policy a scan's body is traced with once (`_forward`): replaced by each save set's.
+_PLACEHOLDER = jax.checkpoint_policies.save_only_these_names()
+# Scans whose forward program is kept (`_forward`), the most recent last.
+_FORWARDS: collections.OrderedDict[Any, tuple[Any, Any]] = collections.OrderedDict()
+FORWARDS = 4
+_FORWARDS_LOCK = threading.Lock()
+
+
+class _Placeholder(ScanChoice):
+    """A ``per_step`` choice whose checkpoint's policy is `_PLACEHOLDER` (`_forward`)."""
+
+    def policy(self) -> Any:
+        return _PLACEHOLDER
+
+
+def _derivable(choice: ScanChoice | None) -> bool:
+    """Whether ``choice``'s scan-alone program is the scan's forward program traced once
+    (`_forward`) with its policy in place of the placeholder's: a ``per_step`` scan that
+    saves one set of names in every step, traced outside `remat._trace._taps.tapped` (a tap
+    changes the body's values)."""
+    return (
+        not tapping()
+        and choice is not None
+        and choice.names is not None
+        and choice.schedule == "per_step"
+        and not choice.pattern
+    )
+
+
+def _forward(info: ScanInfo, length: int, d_specs, o_specs, diff) -> Any:
+    """The forward program of the scan at ``info`` alone (`_merged`, ``length`` steps, its
+    body checkpointed with `_PLACEHOLDER`) as a `ClosedJaxpr` of ``(*d_specs, *o_specs)``,
+    traced once per scan and inputs (the last `FORWARDS` are kept). A save set's program is
+    this one with its policy put in (`_with_policy`): tracing the body with each policy
+    gives the same program (`tests/_plan/test_body.py` compares them)."""
+    key = (id(info.jaxpr), info.position, info.reverse, length, tuple(d_specs), tuple(o_specs))
+    with _FORWARDS_LOCK:  # `_mixes` lowers on a thread of its own
+        kept = _FORWARDS.get(key)
+        if kept is not None and kept[0] is info.jaxpr:
+            _FORWARDS.move_to_end(key)
+            return kept[1]
+    run = scan_program(info, _Placeholder(names=()), length)
+    merged = functools.partial(_merged, run, diff, info.num_consts, info.num_carry)
+    forward = jax.make_jaxpr(merged)(*d_specs, *o_specs)
+    with _FORWARDS_LOCK:
+        _FORWARDS[key] = (info.jaxpr, forward)  # the body kept: its id stays its own
+        while len(_FORWARDS) > FORWARDS:
+            _FORWARDS.popitem(last=False)
+    return forward
+
+
+def _with_policy(closed: Any, policy: Any) -> Any:
+    """``closed`` with each checkpoint whose policy is `_PLACEHOLDER` given ``policy``."""
+
+    def put(jaxpr):
+        eqns = []
+        for eqn in jaxpr.eqns:
+            params = {k: _put_in(v, put) for k, v in eqn.params.items()}
+            if eqn.params.get("policy") is _PLACEHOLDER:
+                params["policy"] = policy
+            same = all(params[k] is v for k, v in eqn.params.items())
+            eqns.append(eqn if same else eqn.replace(params=params))
+        return jaxpr.replace(eqns=eqns)
+
+    return jcore.ClosedJaxpr(put(closed.jaxpr), closed.consts)
+
+
+def _put_in(value: Any, put: Callable[[Any], Any]) -> Any:
+    if isinstance(value, jcore.ClosedJaxpr):
+        return jcore.ClosedJaxpr(put(value.jaxpr), value.consts)
+    if isinstance(value, jcore.Jaxpr):
+        return put(value)
+    return value
 
 
 def _placed(placement, info, flat_in, outs, diff):

@@ -58,7 +58,7 @@ from ._search import (
     seen_in,
     smaller_candidate,
 )
-from ._settled import surely_over
+from ._settled import check_least, surely_over
 from ._spread import checked as checked_alone
 from ._spread import error_spread, within_spread
 from ._spread import spread as memory_spread
@@ -267,7 +267,8 @@ def _uniform_rounds(
             _verify(prep, know, key, choice, margin, beside=beside)
         elif known is None:
             say(f"checking a candidate on its scans alone (round {rounds + 1})")
-            alone, recharged = check_alone(prep, know, solution, choice)
+            check = check_least if smallest and not looked else check_alone  # `_settled`
+            alone, recharged = check(prep, know, solution, choice)
             predicted = int(alone + margin)
             if recharged and checks < CHECKS and not looked:
                 checks += 1

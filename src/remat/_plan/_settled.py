@@ -38,6 +38,19 @@ def surely_over(prep: Any, know: Knowledge, budget_bytes: int, alone: float) -> 
       >>> _settled.surely_over(N(scan_fits=(1,)), know, 100, alone=500.0) is None
       True
     """
+    named = _named(prep, know)
+    if named is None:
+        return None
+    shown = margins(prep, know)
+    least_margin = 2 * min(shown) - max(shown)  # the least measured, less their spread
+    compile_alone(prep, know, named)  # at once, not one at a time
+    least = min([alone] + [check_alone(prep, know, s, c)[0] for s, c in named])
+    return int(least + least_margin) if least + least_margin > budget_bytes else None
+
+
+def _named(prep: Any, know: Knowledge) -> list[tuple[Any, Any]] | None:
+    """The named strategies' ``(solution, choice)`` that `surely_over` checks alone, or None
+    where it settles nothing (no scan fits, or no plan of the program verified yet)."""
     verified = [
         k
         for k in know.measured.values()
@@ -45,9 +58,13 @@ def surely_over(prep: Any, know: Knowledge, budget_bytes: int, alone: float) -> 
     ]
     if not prep.scan_fits or not verified:
         return None
-    shown = margins(prep, know)
-    least_margin = 2 * min(shown) - max(shown)  # the least measured, less their spread
-    named = [(solution, choice) for _, solution, choice in named_choices(prep)]
-    compile_alone(prep, know, named)  # at once, not one at a time
-    least = min([alone] + [check_alone(prep, know, s, c)[0] for s, c in named])
-    return int(least + least_margin) if least + least_margin > budget_bytes else None
+    return [(solution, choice) for _, solution, choice in named_choices(prep)]
+
+
+def check_least(prep: Any, know: Knowledge, solution: Any, choice: Any) -> tuple[float, bool]:
+    """`check_alone` of the least-memory choice (nothing fits the model), with the named
+    strategies `surely_over` checks next compiled beside it (`compile_alone`: at once, not
+    one after the other; at Llama-3-8B shapes an infeasible re-plan at 35% compiled them
+    last, alone, after four checks of the least-memory choices)."""
+    compile_alone(prep, know, [(solution, choice), *(_named(prep, know) or [])])
+    return check_alone(prep, know, solution, choice)

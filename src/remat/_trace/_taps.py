@@ -29,6 +29,11 @@ def tapped(given: dict[str, Any], seen: dict[str, Any]) -> Iterator[None]:
         _TAPS.reset(token)
 
 
+def tapping() -> bool:
+    """Whether a body evaluated here is tapped (inside `tapped`)."""
+    return _TAPS.get() is not None
+
+
 def tap(name: str, value: Any) -> Any:
     """``value`` for ``name``, as the taps inside which it is evaluated say (see `tapped`)."""
     taps = _TAPS.get()

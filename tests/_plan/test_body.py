@@ -1,0 +1,71 @@
+"""A scan-alone program derived from the body traced once is the program traced with its
+save set: the same lowered text and the same compiled memory, byte for byte."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from conftest import fixed_save_sets
+from remat._measure._peak import compiled_memory
+from remat._models._gpt import make_gpt
+from remat._models._maxtext import decoder_shapes
+from remat._plan import _body
+from remat._plan._compile import SCAN, compile_lowered, scan_options
+from remat._plan._costmodel import model_scans
+from remat._trace._tag import ScanChoice
+
+# A bf16 Llama-style decoder from shapes alone (GQA, SwiGLU, MaxText's names), small.
+DECODER = dict(layers=2, d_model=32, heads=4, kv_heads=2, mlp_dim=64, seq=16, batch=1,
+               vocab=64, dtype=jnp.bfloat16)  # fmt: skip
+
+
+def programs(loss, args):
+    """The scan, its length, and four save sets: every needed value, none, the unfused
+    values, and the program's own names (or two matmul outputs)."""
+    info, length, choices = fixed_save_sets(loss, args)
+    values = model_scans([info])[0].values
+    named = [v.name for v in values if v.user_name] or [v.name for v in values if v.flops][:2]
+    return info, length, [*choices, ScanChoice(names=tuple(named))]
+
+
+@pytest.fixture(scope="module", params=["decoder", pytest.param("gpt", marks=pytest.mark.slow)])
+def case(request):
+    if request.param == "gpt":
+        return programs(*make_gpt(layers=2, d_model=32, seq=16, batch=2, heads=2))
+    return programs(*decoder_shapes(None, DECODER))
+
+
+def test_each_save_sets_program_is_the_one_traced_with_it(case, monkeypatch):
+    info, length, choices = case
+    temps = set()
+    for choice in choices:
+        assert _body._derivable(choice)
+        derived = _body.lower_scan(info, choice, length)
+        with monkeypatch.context() as m:
+            m.setattr(_body, "_derivable", lambda _: False)
+            traced = _body.lower_scan(info, choice, length)
+        assert derived.as_text() == traced.as_text()
+        memory = [compiled_memory(compile_lowered(p, SCAN, options=scan_options()))
+                  for p in (derived, traced)]  # fmt: skip
+        assert memory[0] == memory[1]
+        temps.add(memory[0].temp_bytes)
+    assert len(temps) > 2  # the save sets are different programs
+
+
+def test_the_body_is_traced_once_for_every_save_set(case, monkeypatch):
+    info, length, choices = case
+    traced = []
+    original = _body.scan_program
+
+    def counted(info_, choice, length_):
+        traced.append(choice)
+        return original(info_, choice, length_)
+
+    monkeypatch.setattr(_body, "scan_program", counted)
+    monkeypatch.setattr(_body, "_FORWARDS", type(_body._FORWARDS)())
+    for choice in choices:
+        _body.lower_scan(info, choice, length)
+    assert [c.names for c in traced] == [()]  # the forward program, with a placeholder policy
+    _body.lower_scan(info, None, length)  # as written: no checkpoint to put a policy in
+    assert traced[1:] == [None]

@@ -1,0 +1,71 @@
+"""The named strategies a least-memory check leads to, compiled beside it
+(`_settled.check_least`): an infeasible re-plan checks its least-memory choices alone, then
+the named strategies (`surely_over`); the named ones compiled in the first check's batch, the
+same scans are compiled and the same answer given as when they wait for the last check."""
+
+from __future__ import annotations
+
+import pytest
+
+import remat
+from conftest import mlp_stack
+from remat._core._budget import read_budget
+from remat._plan import _alone, _body, _rounds
+from remat._plan._calibrate import prepare
+from remat._plan._compile import peak_of
+from remat._plan._memo import Knowledge
+from remat._plan._rounds import plan_prepared
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """The stack prepared, and what a plan at 90% of its peak learnt."""
+    loss, args = mlp_stack(layers=8, d=32, batch=256)
+    prep = prepare(loss, args, 0, True)
+    know = Knowledge(prep)
+    plan_prepared(prep, read_budget("90%"), knowledge=know)
+    return prep, know
+
+
+def replan(planned, monkeypatch, beside: bool):
+    """An infeasible budget after the plan at 90%: the error, the scans compiled alone by
+    the re-plan (one list per batch) and what it learnt."""
+    prep, learnt = planned
+    know = Knowledge(prep, measured=dict(learnt.measured), alone=dict(learnt.alone),
+                     option_extra=dict(learnt.option_extra), margin=learnt.margin)  # fmt: skip
+    base = prep.baseline
+    floor = base.argument_bytes + base.output_bytes - base.alias_bytes
+    budget = floor + (peak_of(base) - floor) // 50
+    batches = []
+    original = _body.scan_memories
+
+    def recorded(requests, *a, **k):
+        batches.append([choice for _, choice, _ in requests])
+        return original(requests, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(_alone, "scan_memories", recorded)
+        if not beside:  # the named strategies compiled when `surely_over` asks for them
+            m.setattr(_rounds, "check_least", _alone.check_alone)
+        with pytest.raises(remat.InfeasibleBudget) as err:
+            plan_prepared(prep, read_budget(budget), knowledge=know)
+    return err.value, [b for b in batches if b], know
+
+
+def test_the_named_checks_compile_beside_the_first_least_memory_check(planned, monkeypatch):
+    together, batches, know = replan(planned, monkeypatch, beside=True)
+    alone, one_by_one, know_one = replan(planned, monkeypatch, beside=False)
+    # One after another: the least-memory choices (each Binomial charged by its own check),
+    # then the named strategies; beside: the named ones in the first batch.
+    assert len(one_by_one) > 2
+    assert len(batches) == len(one_by_one) - 1
+    assert batches[0] == one_by_one[0] + one_by_one[-1]
+    assert batches[1:] == one_by_one[1:-1]
+    # ... and the same answer, from the same scans' memory.
+    assert (together.smallest_peak_bytes, together.predicted_peak_bytes) == (
+        alone.smallest_peak_bytes,
+        alone.predicted_peak_bytes,
+    )
+    assert together.predicted_peak_bytes is not None  # settled without a step compile
+    assert know.alone == know_one.alone
+    assert know.option_extra == know_one.option_extra
