@@ -70,8 +70,9 @@ def instead(
     if alone is None:
         alone, _ = check_alone(prep, know, solution, choice)
     margin = know.margin or 0.0
-    found = cheaper_candidate(prep, know, budget_bytes, per_layer_first(prep, know), 0.0, [],
-                              step_flops(prep, choice), 0.0, (choice, alone))  # fmt: skip
+    found = cheaper_candidate(prep, know, budget_bytes, lambda: per_layer_first(prep, know),
+                              0.0, [], step_flops(prep, choice), 0.0,
+                              (choice, alone))  # fmt: skip
     if found is None:
         found = _keeps_less(prep, know, budget_bytes, choice, alone, margin)
     if found is None:
