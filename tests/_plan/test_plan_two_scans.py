@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat._plan._alone import check_alone
+from remat._plan._alone import check_alone, solution_of
 from remat._plan._calibrate import prepare
 from remat._plan._memo import Knowledge
-from remat._plan._rounds import _solution_of
 
 
 def _encoder_decoder(layers=2, d=16, batch=32):
@@ -66,7 +65,7 @@ def test_a_calibration_point_is_predicted_as_its_scans_alone_predict_it(prepared
     prep = prepared
     know = Knowledge(prep)
     for choice, predicted in prep.calibration:
-        alone, _ = check_alone(prep, know, _solution_of(prep, choice), choice, priced=True)
+        alone, _ = check_alone(prep, know, solution_of(prep, choice), choice, priced=True)
         assert int(alone) == predicted
 
 
@@ -76,4 +75,4 @@ def test_scans_alone_refuse_a_candidate_that_leaves_a_scan_out(prepared):
     prep = prepared
     choice = fixed_choice(prep.cands, prep.offsets, prep.models, [0], save=True)
     with pytest.raises(ValueError, match=r"leaves scan\(s\) \[1\] out"):
-        check_alone(prep, Knowledge(prep), _solution_of(prep, choice), choice, priced=True)
+        check_alone(prep, Knowledge(prep), solution_of(prep, choice), choice, priced=True)

@@ -229,3 +229,31 @@ def charge(option: Option, extra: float, stored: float, weight: float) -> Option
         return dataclasses.replace(option, bytes=max(bytes_, 0.0))
     transient = max(option.transient + bytes_ * stored / weight, 0.0)
     return dataclasses.replace(option, bytes=0.0, transient=transient)
+
+
+def solution_of(prep: Prepared, choice: Choice) -> Solution:
+    """A `Solution` with ``choice``'s per-step options and saved values (for `check_alone`)."""
+    options, saved = [], set()
+    for o, cand in enumerate(prep.cands):
+        scan_choice = choice.choices.get(prep.models[cand.scan].index)
+        if (
+            scan_choice is None
+            or scan_choice.pattern
+            or repr(scan_choice.schedule) != repr(cand.schedule)
+        ):
+            continue  # (a calibration point is uniform)
+        options.append(o)
+        names = set(scan_choice.names or ())
+        values = prep.models[cand.scan].values
+        for i, node in enumerate(cand.nodes):
+            if values[i].name in names or (node.saveable and not node.recomputable):
+                saved.add(prep.offsets[o] + i)
+    block = {
+        i
+        for o in options
+        for i in range(prep.offsets[o], prep.offsets[o] + len(prep.cands[o].nodes))
+    }
+    return Solution(
+        saved=frozenset(saved), recomputed=frozenset(block - saved), recompute_flops=0.0,
+        saved_bytes=0, transient_bytes=0, options=tuple(options),
+    )  # fmt: skip

@@ -28,7 +28,7 @@ import jax
 
 from .._core._budget import Budget
 from .._measure._refusal import refusal_of
-from ._alone import charged_options, check_alone, compile_alone
+from ._alone import charged_options, check_alone, compile_alone, solution_of
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._calls import near_miss
@@ -236,12 +236,12 @@ def _uniform_rounds(
             choice = calibration_point(prep, know, budget_bytes)
             if choice is None:
                 break
-            solution = _solution_of(prep, choice)
+            solution = solution_of(prep, choice)
         else:
             choice = prep.decode(solution)
         rival = calibration_rival(prep, know, choice, budget_bytes)
         if rival is not None:  # a calibration point as cheap, predicted to fit: take it
-            choice, solution = rival, _solution_of(prep, rival)
+            choice, solution = rival, solution_of(prep, rival)
         if smallest and not probed and one_per_step_scan(prep, solution):
             probed = True
             say("looking for a smaller plan on the scans alone")
@@ -327,7 +327,7 @@ def _uniform_rounds(
             fallback = None
             point = cheaper_point(prep, know, budget_bytes) if rounds < max_rounds else None
             if point is not None:  # the plan measured dearer than a point predicted to fit
-                pending = (_solution_of(prep, point), False)
+                pending = (solution_of(prep, point), False)
                 continue
             if rounds >= min(ROUNDS, max_rounds) or (calibrated and searched):
                 break  # with the memory outside the scans known, the candidate was the best
@@ -466,34 +466,6 @@ def _ample(prep, know, solution, choice, budget_bytes, fixed) -> bool:
     if any(prep.cands[o].schedule != "per_step" for o in solution.options):
         return False
     return prep.base + fixed + choice.model_bytes <= (1 - SLACK) * budget_bytes
-
-
-def _solution_of(prep: Prepared, choice: Choice) -> Solution:
-    """A `Solution` with ``choice``'s per-step options and saved values (for `check_alone`)."""
-    options, saved = [], set()
-    for o, cand in enumerate(prep.cands):
-        scan_choice = choice.choices.get(prep.models[cand.scan].index)
-        if (
-            scan_choice is None
-            or scan_choice.pattern
-            or repr(scan_choice.schedule) != repr(cand.schedule)
-        ):
-            continue  # (a calibration point is uniform)
-        options.append(o)
-        names = set(scan_choice.names or ())
-        values = prep.models[cand.scan].values
-        for i, node in enumerate(cand.nodes):
-            if values[i].name in names or (node.saveable and not node.recomputable):
-                saved.add(prep.offsets[o] + i)
-    block = {
-        i
-        for o in options
-        for i in range(prep.offsets[o], prep.offsets[o] + len(prep.cands[o].nodes))
-    }
-    return Solution(
-        saved=frozenset(saved), recomputed=frozenset(block - saved), recompute_flops=0.0,
-        saved_bytes=0, transient_bytes=0, options=tuple(options),
-    )  # fmt: skip
 
 
 def _rewrite(prep: Prepared, choice: Choice):
