@@ -293,7 +293,8 @@ def segments(
                         for _, k in _carried(meta[r][1])]  # fmt: skip
             if keep and n == 1:  # a lone layer: no loop (see `layers`), its carry is ``carry``
                 (new, _), (ys, saved) = step((carry, held), indices[0])
-                saved = _materialized(saved)
+                if r != order[-1]:  # its backward pass is not next: written out
+                    saved = _materialized(saved)
                 parts[r] = [y[None] for y in ys]
                 carry_in = None if head is not None and r == order[0] else list(carry)
                 kept[r] = ([s[None] for s in saved], carry_in, held)
@@ -374,7 +375,9 @@ def _materialized(values: list[Any]) -> list[Any]:
     backward pass for the first layer's residual sum. On CPU they go through a
     `jax.lax.cond` whose predicate is always true but not folded (a float is finite, NaN or
     infinite), and XLA does not fuse across it: that peak falls from 51.40 to 51.18 MiB.
-    Elsewhere (GPU, TPU: a conditional there may wait on its predicate) the barrier stays."""
+    Elsewhere (GPU, TPU: a conditional there may wait on its predicate) the barrier stays.
+    Not for the last run (its backward pass follows its forward pass at once: there, on the
+    tests' toy decoder, writing them out raised the peak by one value's bytes)."""
     floats = [v for v in values if jnp.issubdtype(v.dtype, jnp.floating) and v.size]
     if not floats:
         return values
