@@ -54,6 +54,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ._traced import varying
 from ._vjp_order import after as _after
 from ._vjp_order import cotangents, custom_loop
 from ._vjp_order import floating as _floating
@@ -289,7 +290,7 @@ def segments(
             held = None
             if keep:  # which carries the layer keeps: one abstract trace of a step
                 jax.eval_shape(lambda c, i, r=r: step((c, None), i)[0][0], carry, indices[0])
-                held = [jnp.zeros((max(n - 1, 0), *carry[k].shape), carry[k].dtype)
+                held = [_zeros((max(n - 1, 0), *carry[k].shape), carry[k])
                         for _, k in _carried(meta[r][1])]  # fmt: skip
             if keep and n == 1:  # a lone layer: no loop (see `layers`), its carry is ``carry``
                 (new, _), (ys, saved) = step((carry, held), indices[0])
@@ -385,8 +386,18 @@ def _materialized(values: list[Any]) -> list[Any]:
         return list(jax.lax.optimization_barrier(list(values)))
     x = jnp.ravel(floats[0])[0]
     always = jnp.isfinite(x) | jnp.isnan(x) | jnp.isinf(x)
-    return list(jax.lax.cond(always, lambda v: list(v), lambda v: [jnp.zeros_like(x) for x in v],
+    return list(jax.lax.cond(always, lambda v: list(v),
+                             lambda v: [_zeros(jnp.shape(x), x) for x in v],
                              list(values)))  # fmt: skip
+
+
+def _zeros(shape: tuple[int, ...], x: Any) -> Any:
+    """Zeros of ``shape`` and ``x``'s dtype; inside `jax.shard_map`, varying over the manual
+    axes ``x`` varies over (a loop's carried stack must match what is written into it, and
+    a `jax.lax.cond`'s branches must agree)."""
+    out = jnp.zeros(shape, jnp.result_type(x))
+    axes = tuple(sorted(varying(jax.typeof(x))))
+    return jax.lax.pcast(out, axes, to="varying") if axes else out
 
 
 def _carried(origin: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
