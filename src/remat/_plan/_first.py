@@ -11,11 +11,11 @@ uniform candidate as the plan to beat and the memory outside the scans known so 
 compiles it in the uniform candidate's place: when it fits, the rounds end there (the
 uniform candidate is never compiled, and `_rounds._per_layer` does not search again), and
 when it does not, the next per-layer candidate is looked for and compiled the same way
-(`RETRIES`: once), then the rounds compile the uniform candidate. On the vs_torch GPT at
-25% the first per-layer step measured 0.02 MiB over the budget, and the uniform rounds
-compiled two uniform steps and then the per-layer step the retry compiles at once (5 step
-compiles; 3 with the retry, and the per-layer steps left out of the spread of the memory
-outside the scans, `_spread.spread`).
+(`RETRIES`: once), then the rounds compile the uniform candidate. Without the retry, a
+per-layer step a little over the budget would have the rounds compile uniform steps first
+and reach, after them, the per-layer candidate the retry compiles at once; the per-layer
+steps are also left out of the spread of the memory outside the scans (`_spread.spread`),
+which would otherwise have the rounds compile a uniform candidate within it.
 
 The memory outside the scans that a program's first plan knows is the un-checkpointed
 step's (`Prepared.margin`); on the models of `benchmarks/vs_torch.py` a uniform plan's
@@ -53,9 +53,9 @@ OUTSIDE = 0.02
 # Per-layer candidates compiled in the uniform one's place after one measured over the
 # budget (excluded then), each looked for with the memory outside the scans known before
 # the first: what a per-layer step keeps beyond its scans alone depends on its pattern (on
-# the vs_torch GPT at 25%, 1.19 MiB with one layer saving less, a run XLA inlines with no
-# loop, against 0.48 MiB with two, and 0.49 MiB for the uniform plan's step), so the miss
-# does not tell what the next candidate keeps.
+# the vs_torch GPT at 25%, 0.97 MiB with one layer saving less, a run with no loop, against
+# 0.48 MiB with two, and 0.49 MiB for the uniform plan's step), so the miss does not tell
+# what the next candidate keeps.
 RETRIES = 1
 
 
