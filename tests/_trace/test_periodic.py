@@ -354,7 +354,7 @@ def _decoder():
 
 
 def test_a_lone_first_layer_keeps_its_saved_values_not_what_makes_them(monkeypatch):
-    """A run of one layer has no loop, and XLA fused the residual sum it saves into its
+    """A run of one layer has no loop, and XLA fuses the residual sum it saves into its
     backward pass's reads, keeping the embedding's output and the matmul's it is made of to
     the end of the step instead (`_periodic._materialized` writes them out): one carry
     (4 x 64 x 32 float32 = 32 KiB) less at the peak. The last run's backward pass follows
