@@ -236,8 +236,9 @@ def section(results: list[dict], wall: float) -> str:
         "each mix is one binary variable of the integer program. A per-layer plan runs the "
         "uniform plan's rounds first; before their first step compile, the per-layer "
         "candidate that beats the uniform one (cheaper, or as cheap and keeping less on its "
-        "scans alone) is compiled in its place, and the uniform candidate only if that one "
-        "does not fit (`remat._plan._first`). A plan's wall time is given over one compile "
+        "scans alone) is compiled in its place, where that one does not fit the next one "
+        "(once), and the uniform candidate only if neither fits (`remat._plan._first`). A "
+        "plan's wall time is given over one compile "
         "of the un-checkpointed step (the mean of one compiled just before the plan and one "
         "just after, so that both see the same load), and its CPU time (all threads) over "
         "theirs; the issue's target is a per-layer first plan under 4x one compile.",

@@ -333,20 +333,26 @@ def test_a_mix_is_priced_from_two_others_of_its_sets_compiled_alone(stack):
     assert priced_mix(prep, know, 2, alternate) is None
 
 
-def _first_plan(loss, args, budget, monkeypatch, over=False):
+def _first_plan(loss, args, budget, monkeypatch, over=False, first_over=False):
     """A program's first per-layer plan (an empty `_memo`); with ``over``, every per-layer
-    step compiled in the uniform candidate's place measures a byte over the budget."""
+    step compiled in the uniform candidate's place measures a byte over the budget (with
+    ``first_over``, only the first)."""
     import collections
     import dataclasses
 
     from remat._plan import _first, _memo, _rounds
 
     monkeypatch.setattr(_memo, "_MEMORY", collections.OrderedDict())
+    over = over or first_over
     if over:
         verify = _rounds._verify
+        done = []
 
         def over_budget(prep, know, key, choice, margin, alone=None, **kw):
             verify(prep, know, key, choice, margin, alone=alone, **kw)
+            if first_over and done:
+                return
+            done.append(key)
             known = know.measured[key]
             measured = dataclasses.replace(known.measured, peak_bytes=budget + 1)
             know.measured[key] = dataclasses.replace(known, measured=measured)
@@ -377,3 +383,55 @@ def test_the_per_layer_plan_is_compiled_in_the_uniform_ones_place(stack, planned
     fallback = _first_plan(loss, args, budget, monkeypatch, over=True)
     assert fallback.stats.step_compiles >= 3  # the mix, the uniform candidate, ...
     assert fallback.scans != first.scans and fallback.measured_peak_bytes <= budget
+
+
+def test_a_per_layer_step_over_the_budget_is_followed_by_the_next_one(stack, planned, monkeypatch):
+    """Where the per-layer step compiled in the uniform candidate's place measures over the
+    budget, the next per-layer candidate is compiled in its place (`_first.RETRIES`), looked
+    for with the memory outside the scans known before the miss (a per-layer step keeps
+    beyond its scans what its own pattern does): the plan the uniform rounds would reach
+    after it, one step compile sooner than with no retry."""
+    from remat._plan import _first, _search
+
+    loss, args = stack
+    budget = planned.budget_bytes
+    margins = []
+    search = _search.cheaper_candidate
+
+    def looking(prep, know, *a, **kw):
+        margins.append(know.margin)
+        return search(prep, know, *a, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(_first, "cheaper_candidate", looking)
+        retried = _first_plan(loss, args, budget, m, first_over=True)
+    assert len(margins) == 2 and margins[1] == margins[0]  # the margin before the miss
+    assert retried.scans[0].pattern and retried.measured_peak_bytes <= budget
+    with monkeypatch.context() as m:  # no retry: the uniform candidate, then the mix
+        m.setattr(_first, "RETRIES", 0)
+        once = _first_plan(loss, args, budget, m, first_over=True)
+    assert once.stats.step_compiles == retried.stats.step_compiles + 1
+    assert (retried.scans, retried.measured.flops, retried.measured_peak_bytes) == (
+        once.scans, once.measured.flops, once.measured_peak_bytes)  # fmt: skip
+
+
+def test_the_spread_outside_the_scans_is_the_uniform_steps():
+    """`_spread.spread`, how far the memory outside the scans has differed between the steps
+    measured (which uniform candidates predicted over by less are compiled, and past which
+    the rounds step back), leaves out a per-layer step's: it holds what its pattern keeps
+    beyond its scans alone as well (hand-worked: uniform points 100 and 130, first 110)."""
+    from types import SimpleNamespace as N
+
+    from remat._plan._memo import Known, margins
+    from remat._plan._spread import spread
+
+    def known(alone, peak, pattern=None):
+        choice = N(choices={0: ScanChoice(names=("a",), pattern=pattern)})
+        return Known(choice, N(peak_bytes=peak, peak_source="compiled"), peak, alone)
+
+    mixed = (("a",), ()) * 4
+    prep = N(margin=100.0)
+    know = N(measured={1: known(1000.0, 1130), 2: known(900.0, 1200, mixed)})
+    assert sorted(margins(prep, know)) == [100.0, 130.0, 300.0]  # every step measured
+    assert sorted(margins(prep, know, uniform=True)) == [100.0, 130.0]
+    assert spread(prep, know, 110.0) == 30.0  # not 200: the per-layer step's 300 left out

@@ -39,6 +39,7 @@ SLOW = (
     "gpt_sharded_grads_equal_unsharded",
     "plan_refused_decoder",
     "per_layer_sharded",
+    "per_layer_segments_in_shard_map",
 )  # run by slow tests only
 ROOT = Path(__file__).resolve().parents[2]
 GPT = dict(layers=2, d_model=16, seq=8, batch=8, heads=2, vocab=32)
@@ -389,6 +390,32 @@ def per_layer_sharded():
             jax.grad(mixed)(*placed), jax.grad(mlp_loss)(ws, x)
         )
     return out
+
+
+@case
+def per_layer_segments_in_shard_map():
+    """A save set per layer (segments, the first layer a run of its own) inside
+    `jax.shard_map` with ``check_vma=True``: each run's stack of input carries varies over
+    the data axis as the carries written into it do; the gradients are the program's."""
+    from remat._trace._tag import ScanChoice, rewrite
+
+    mesh = make_mesh((8,), ("data",))
+    ws, x = mlp_args(layers=4)
+
+    def sharded(loss):
+        def step(ws, x):
+            return jax.lax.pmean(loss(ws, x), "data")
+
+        return jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
+
+    up, both = ("remat_s0_e0",), ("remat_s0_e0", "remat_s0_e1")
+    mixed = rewrite(mlp_loss, {0: ScanChoice(names=both, pattern=(up,) + (both,) * 3)})
+    with jax.set_mesh(mesh):
+        placed = (jax.device_put(ws, NamedSharding(mesh, P())),
+                  jax.device_put(x, NamedSharding(mesh, P("data"))))  # fmt: skip
+        got = jax.grad(sharded(mixed))(*placed)
+        want = jax.grad(sharded(mlp_loss))(*placed)
+    return {"grads_equal": tree_allclose(got, want)}
 
 
 @case

@@ -54,6 +54,12 @@ def test_a_per_layer_choice_on_a_sharded_program():
     assert out["extra_8"] == out["extra_16"]  # no copy of the stacked weights
 
 
+@pytest.mark.slow
+def test_per_layer_segments_inside_shard_map():
+    out = result(run_cases("per_layer_segments_in_shard_map"), "per_layer_segments_in_shard_map")
+    assert out["grads_equal"]
+
+
 def test_shardings_are_read_from_arguments_and_jitted_functions(cases):
     out = result(cases, "read_shardings")
     assert out["devices"] == 8

@@ -322,3 +322,59 @@ def test_sets_that_do_not_nest_run_as_segments():
     assert one_loop(_named_body, (("up",),) * 4, (), [x], ws) is None  # one set: segments
     # Names the program gives itself are not named by the planner's tags: segments.
     assert one_loop(_named_body, ((), ("up",), ("up",), ("up",)), (), [x], ws) is None
+
+
+def _decoder():
+    """A toy decoder: an embedding lookup makes the first carry (the head, recomputed for
+    the first layer's backward pass), each layer a residual sum and a matmul to 4x width."""
+    k = jax.random.split(jax.random.key(0), 6)
+    layers, vocab, seq, d = 4, 64, 64, 32
+    params = {
+        "embed": jax.random.normal(k[0], (vocab, d)) / 4,
+        "pos": jax.random.normal(k[1], (seq, d)) / 4,
+        "a": jax.random.normal(k[2], (layers, d, d)) / 8,
+        "b": jax.random.normal(k[3], (layers, d, 4 * d)) / 8,
+        "c": jax.random.normal(k[4], (layers, 4 * d, d)) / 16,
+    }
+    tokens = jax.random.randint(k[5], (4, seq), 0, vocab)
+
+    def loss(params, tokens):
+        x = params["embed"][tokens] + params["pos"]
+
+        def layer(x, p):
+            a, b, c = p
+            mid = x + jnp.tanh(x) @ a  # e2: the residual sum
+            up = mid @ b  # e3
+            return mid + jnp.tanh(up) @ c, None
+
+        x, _ = jax.lax.scan(layer, x, (params["a"], params["b"], params["c"]))
+        return jnp.mean(x**2)
+
+    return loss, (params, tokens)
+
+
+def test_a_lone_first_layer_keeps_its_saved_values_not_what_makes_them(monkeypatch):
+    """A run of one layer has no loop, and XLA fuses the residual sum it saves into its
+    backward pass's reads, keeping the embedding's output and the matmul's it is made of to
+    the end of the step instead (`_periodic._materialized` writes them out): one carry
+    (4 x 64 x 32 float32 = 32 KiB) less at the peak. The last run's backward pass follows
+    its forward pass at once: its values are left to XLA. Gradients are the program's."""
+    from remat._trace import _periodic
+
+    loss, args = _decoder()
+    less, more = ("remat_s0_e2", "remat_s0_e3"), ("remat_s0_e0", "remat_s0_e2", "remat_s0_e3")
+    carry = 4 * 64 * 32 * 4
+
+    choice = ScanChoice(names=more, pattern=(less,) + (more,) * 3)
+    with monkeypatch.context() as m:
+        m.setattr(_periodic, "_materialized", lambda values: values)
+        fused = _peak(loss, args, choice)
+    written = _peak(loss, args, choice)
+    assert carry - 1024 <= fused - written <= carry, (fused, written)
+    grads = jax.jit(jax.grad(rewrite(loss, {0: choice})))(*args)
+    assert_tree_allclose(grads, jax.jit(jax.grad(loss))(*args))
+    calls = []
+    monkeypatch.setattr(_periodic, "_materialized", lambda values: calls.append(1) or values)
+    last = rewrite(loss, {0: ScanChoice(names=more, pattern=(more,) * 3 + (less,))})
+    jax.make_jaxpr(jax.grad(last))(*args)
+    assert not calls  # the last run: left to XLA

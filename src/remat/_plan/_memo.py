@@ -173,21 +173,25 @@ def saved_of(measured: Measurement) -> int:
     return sum(r.total_bytes for r in measured.residuals if r.primitive != "argument")
 
 
-def margins(prep: Prepared, know: Knowledge) -> list[float]:
+def margins(prep: Prepared, know: Knowledge, uniform: bool = False) -> list[float]:
     """The memory outside the scans each measured point showed: the un-checkpointed step's
-    (`Prepared.margin`) and, per verified plan, its compiled peak minus its scan-alone
-    prediction (`Known.alone`). It differs between save sets (what the step keeps beside the
-    scans as their peak falls, e.g. the loss head's logits), so the last one
-    (`Knowledge.margin`) is a correction learnt on one plan, good to within their spread."""
-    return ([] if prep.margin is None else [float(prep.margin)]) + _verified(know)
+    (`Prepared.margin`) and, per verified plan (``uniform``: of those with no per-layer
+    pattern), its compiled peak minus its scan-alone prediction (`Known.alone`). It differs
+    between save sets (what the step keeps beside the scans as their peak falls, e.g. the
+    loss head's logits), so the last one (`Knowledge.margin`) is a correction learnt on one
+    plan, good to within their spread."""
+    return ([] if prep.margin is None else [float(prep.margin)]) + _verified(know, uniform)
 
 
-def _verified(know: Knowledge) -> list[float]:
-    """Per verified plan, its compiled peak minus its scan-alone prediction."""
+def _verified(know: Knowledge, uniform: bool = False) -> list[float]:
+    """Per verified plan (``uniform``: with no per-layer pattern), its compiled peak minus its
+    scan-alone prediction."""
     return [
         float(peak_of(k.measured) - k.alone)
         for k in know.measured.values()
-        if k.alone is not None and k.measured.peak_source != REFUSED
+        if k.alone is not None
+        and k.measured.peak_source != REFUSED
+        and not (uniform and per_layer(k.choice))
     ]
 
 

@@ -26,9 +26,11 @@ TWIN = 1e-6
 
 
 def _shown(prep, know, first_margin) -> list[float]:
-    """The memory outside the scans each measured point showed (`_memo.margins`), and the
-    one the rounds began with (``first_margin``: maybe learnt on another plan)."""
-    return margins(prep, know) + ([] if first_margin is None else [first_margin])
+    """The memory outside the scans each measured uniform point showed (`_memo.margins`),
+    and the one the rounds began with (``first_margin``: maybe learnt on another plan). A
+    per-layer step's is left out: it holds what its pattern keeps beyond its scans alone as
+    well (`_first.RETRIES`), which no uniform candidate, the ones the spread is for, keeps."""
+    return margins(prep, know, uniform=True) + ([] if first_margin is None else [first_margin])
 
 
 def spread(prep, know, first_margin) -> float:

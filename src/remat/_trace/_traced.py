@@ -41,10 +41,12 @@ def _aval(x) -> tuple[Any, ...]:
     if isinstance(x, jax.ShapeDtypeStruct):
         return x.shape, x.dtype, bool(getattr(x, "weak_type", False)), frozenset()
     aval = jax.typeof(x)
-    return aval.shape, aval.dtype, aval.weak_type, _varying(aval)
+    return aval.shape, aval.dtype, aval.weak_type, varying(aval)
 
 
-def _varying(aval: Any) -> frozenset[str]:
+def varying(aval: Any) -> frozenset[str]:
+    """The manual mesh axes a value of type ``aval`` varies over (inside `jax.shard_map`;
+    empty elsewhere)."""
     return frozenset(getattr(getattr(aval, "manual_axis_type", None), "varying", ()))
 
 
@@ -52,7 +54,7 @@ def aval_spec(aval: Any) -> Any:
     """What a value of type ``aval`` is traced as: its shape and dtype, or, for a value inside
     `jax.shard_map` that varies over manual axes, the type itself, so that the traced program
     has the `pvary` that shard_map's checks put where a replicated value meets it."""
-    if _varying(aval):
+    if varying(aval):
         return aval
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
