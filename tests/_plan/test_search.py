@@ -267,38 +267,3 @@ def test_a_twin_on_the_scans_alone_recomputes_other_costly_values():
     know = N(measured={})
     assert twin(prep, know, a, [a, c, d, b]) is b
     assert twin(prep, know, a, [a, c, d]) is None
-
-
-def test_each_solve_sees_the_charges_the_checks_before_it_learnt(prepared, monkeypatch):
-    """Given a function for the options' charges, the search solves with what its checks
-    have learnt so far: a check that finds the next candidate keeps far more than the model
-    says (as a per-layer mix checked alone charges its siblings) keeps it from being checked;
-    given the charges once, the search checks it."""
-    from remat._plan._alone import charged_options
-
-    prep = prepared
-    budget = peak_of(prep.baseline)
-
-    def run(options_of, learn=None):
-        know = Knowledge(prep)
-        checked = []
-
-        def check_alone(prep_, know_, solution, choice):  # every candidate just over
-            checked.append(solution.options)
-            if learn is not None and len(checked) == 1:
-                know_.option_extra[learn] = 1e12
-            return budget * (1 + _search.BAND) + EXCESS - (know_.margin or 0.0), False
-
-        monkeypatch.setattr(_search, "check_alone", check_alone)
-        monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)
-        _search.cheaper_candidate(prep, know, budget, options_of(know), 0.0, [],
-                                  reference=10 * prep.baseline.flops)  # fmt: skip
-        return checked
-
-    order = run(lambda know: charged_options(prep, know))
-    assert len(order) >= 2
-    (second,) = order[1]  # the option the second check is of
-    stale = run(lambda know: charged_options(prep, know), learn=second)
-    assert stale[1] == order[1]  # charged once, at the start: the charge comes too late
-    fresh = run(lambda know: lambda: charged_options(prep, know), learn=second)
-    assert all(second not in options for options in fresh[1:])

@@ -86,9 +86,9 @@ def instead(
     for attempt in range(1 + RETRIES):
         # A retry looks with the memory outside the scans known before the miss (`RETRIES`).
         looking = know if attempt == 0 else dataclasses.replace(know, margin=margin)
-        found = cheaper_candidate(prep, looking, budget_bytes,
-                                  lambda: per_layer_first(prep, know), 0.0, [],
-                                  step_flops(prep, choice), 0.0, (choice, alone))  # fmt: skip
+        found = cheaper_candidate(prep, looking, budget_bytes, per_layer_first(prep, know),
+                                  0.0, [], step_flops(prep, choice), 0.0,
+                                  (choice, alone))  # fmt: skip
         if found is None and attempt == 0:
             found = _keeps_less(prep, know, budget_bytes, choice, alone, margin)
         if found is None:

@@ -367,9 +367,8 @@ def _per_layer(prep: Prepared, know: Knowledge, budget_bytes: int, say: Any) -> 
         if best is None:
             break
         say("looking for a cheaper per-layer plan on the scans alone")
-        found = cheaper_candidate(prep, know, budget_bytes,
-                                  lambda: per_layer_first(prep, know), 0.0, excluded,
-                                  cost(prep, best), band_for(know, True, True),
+        found = cheaper_candidate(prep, know, budget_bytes, per_layer_first(prep, know), 0.0,
+                                  excluded, cost(prep, best), band_for(know, True, True),
                                   seen_in(best))  # fmt: skip
         if found is None:
             break

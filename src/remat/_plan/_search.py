@@ -55,14 +55,11 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     already compiled or checked, and the cheaper ones are checked alone (a cheap compile
     each, at most `CHECKS`): at `RELAX` above the budget, and, where ``seen`` (a `Choice`
     and its scan-alone prediction) shows the model overestimating, at that error plus
-    `RELAX`. ``options`` is the options' charges, or a function giving them: called before
-    each solve, it gives the charges the checks so far have learnt (a per-layer mix checked
-    alone charges its siblings, `_perlayer.shared_extra`). The FLOPs searched narrow as it
-    goes: a candidate that fits is the one to beat, and one that does not bounds the search
-    from below (what recomputes less keeps more) and steps the model back by its excess over
-    the budget, at every level after it (measured at Llama-3-70B shapes: four candidates in
-    a row, each the model's next tier up, were each predicted about 1% less than the one
-    before and all over).
+    `RELAX`. The FLOPs searched narrow as it goes: a candidate that fits is the one to beat,
+    and one that does not bounds the search from below (what recomputes less keeps more) and
+    steps the model back by its excess over the budget, at every level after it (measured at
+    Llama-3-70B shapes: four candidates in a row, each the model's next tier up, were each
+    predicted about 1% less than the one before and all over).
     (A per-layer candidate over the budget bounds nothing: see the comment where ``above``
     is set; ``above`` may start as the recompute FLOPs of a uniform candidate the rounds
     found over.) One predicted at most ``band`` over the budget counts as fitting (the memory outside
@@ -105,7 +102,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     ahead = None  # (level, its solve) made while a per-layer check compiled (`_ahead`)
     # Once a floor is set, the levels left may be ended by one solve at the highest
     # (`_levels`): where three or more are left, and once per state of the search.
-    bound, probed = bounded(prep, _now(options)), None
+    bound, probed = bounded(prep, options), None
     for k, relax in enumerate(levels):
         if k == 0 and relax == 0.0 and solved and bound:
             continue  # the solve that found ``reference``, less that candidate
@@ -118,7 +115,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             and state != probed
         ):
             probed = state
-            if nothing_cheaper(prep, budget_bytes * (1 + levels[-1]), _now(options),
+            if nothing_cheaper(prep, budget_bytes * (1 + levels[-1]), options,
                                prep.base + margin + tight + back, excluded,
                                above_floor(prep, above), reference):  # fmt: skip
                 break
@@ -127,7 +124,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             if ahead is not None and ahead[0] == relax:
                 solution = ahead[1]  # solved as it would be now: the check before fitted
             else:
-                solution = solve(prep.nodes, budget_bytes * (1 + relax), options=_now(options),
+                solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
                                  fixed_bytes=prep.base + margin + tight + back,
                                  exclude=excluded, exclude_costly=costly, **prep.weights,
                                  min_flops=floor)  # fmt: skip
@@ -185,12 +182,6 @@ def _same_tier(prep: Prepared, flops: float, other: float | None) -> bool:
     return other is not None and abs(flops - other) < FLOOR_STEP * prep.baseline.flops
 
 
-def _now(options):
-    """The options' charges as `cheaper_candidate` is given them: a sequence, or a function
-    giving the charges known now."""
-    return options() if callable(options) else options
-
-
 def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair):
     """Where ``pair`` (a per-layer ``(solution, choice)`` about to be checked alone) fits,
     `cheaper_candidate` next solves at the level after ``relax`` (of ``levels``) for one
@@ -201,7 +192,7 @@ def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, fl
     later = [r for r in levels if r > relax]
     if not later:
         return None
-    solution = solve(prep.nodes, budget_bytes * (1 + later[0]), options=_now(options),
+    solution = solve(prep.nodes, budget_bytes * (1 + later[0]), options=options,
                      fixed_bytes=fixed, exclude=excluded, **prep.weights,
                      min_flops=floor)  # fmt: skip
     pairs = [pair]
