@@ -1,12 +1,12 @@
 """A re-plan that starts from another plan's correction of the memory outside the scans.
 
-A re-plan predicts a candidate's peak from its scans compiled alone plus the memory outside the
-scans that the verified plans showed (`_memo.start_margin`: the least of them). That memory
-differs between save sets, so a correction learnt at one budget can put the plan a fresh
-planner finds at another budget over it. Here the correction is made too large by hand, by just
-enough to put the fresh plan over its budget: the re-plan must still find it, by compiling the
-cheapest candidate that the spread of the memory measured outside the scans (`_memo.margins`)
-puts within the budget (`_spread.within_spread`); without that it settles on a dearer plan.
+A re-plan predicts a candidate's peak from its scans compiled alone plus the memory outside
+the scans that the last verified plan showed (`_memo.Knowledge.margin`). That memory differs
+between save sets, so a correction learnt at one budget can put the plan a fresh planner finds
+at another budget over it. Here the correction is made too large by hand, by just enough to put
+the fresh plan over its budget: the re-plan must still find it, by compiling the cheapest
+candidate that the spread of the memory measured outside the scans (`_memo.margins`) puts
+within the budget (`_spread.within_spread`); without that it settles on a dearer plan.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_a_replan_misled_by_another_plans_margin_finds_the_fresh_plan(decoder, m
     measured = dict(know.measured)
 
     # Without the check within the spread, the re-plan settles on a dearer plan.
-    monkeypatch.setattr(_memo, "start_margin", lambda *_: misled)
+    know.margin = misled
     with monkeypatch.context() as m:
         m.setattr(_spread, "SPREAD_ROUNDS", 0)
         dearer = plan(decoder, AGAIN)
@@ -64,7 +64,7 @@ def test_a_replan_misled_by_another_plans_margin_finds_the_fresh_plan(decoder, m
     assert dearer.measured.flops > fresh.measured.flops
 
     # With it, the fresh plan: one step compiled more than the re-plan's one.
-    know.measured = dict(measured)
+    know.measured, know.margin = dict(measured), misled
     again = plan(decoder, AGAIN)
     assert again.scans == fresh.scans
     assert again.measured.flops == fresh.measured.flops

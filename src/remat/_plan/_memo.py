@@ -47,10 +47,9 @@ class Knowledge:
     # a scan-alone compile (see `_alone.check_alone`).
     alone: dict[Any, float] = dataclasses.field(default_factory=dict)
     option_extra: dict[int, float] = dataclasses.field(default_factory=dict)
-    # Measured peak minus the scan-alone prediction of the last verified plan (`learn`), or
-    # at the start of a plan the least of those (`restart`): the memory outside the scans
-    # that the scan-alone programs do not see. Before a plan is verified, the
-    # un-checkpointed step's (`Prepared.margin`), or None.
+    # Measured peak minus the scan-alone prediction of the last verified plan: the memory
+    # outside the scans that the scan-alone programs do not see. Before a plan is verified,
+    # the un-checkpointed step's (`Prepared.margin`), or None.
     margin: float | None = None
 
     def __post_init__(self) -> None:
@@ -60,14 +59,6 @@ class Knowledge:
         for choice, measured in self.prepared.compiled:  # steps compiled while calibrating
             known = Known(choice, measured, peak_of(measured))
             self.measured.setdefault(choice_key(choice), known)
-
-    def learn(self, margin: float) -> None:
-        """Takes the memory outside the scans a verified plan showed (`floored`)."""
-        self.margin = floored(self.prepared, margin)
-
-    def restart(self) -> None:
-        """Starts a plan at a new budget from `start_margin`."""
-        self.margin = start_margin(self.prepared, self)
 
 
 _MEMORY: collections.OrderedDict[Any, Knowledge] = collections.OrderedDict()
@@ -193,28 +184,6 @@ def _verified(know: Knowledge, uniform: bool = False) -> list[float]:
         and k.measured.peak_source != REFUSED
         and not (uniform and per_layer(k.choice))
     ]
-
-
-def floored(prep: Prepared, margin: float) -> float:
-    """``margin`` (the memory outside the scans a plan showed), never below the
-    un-checkpointed step's (`Prepared.margin`; 0 without it). A plan showing less is one
-    whose scans compiled alone overestimate the step (on the `benchmarks/vs_torch.py` GPT
-    a per-layer plan's by 3.8 MiB): predicting another save set with it puts that one
-    under what it compiles to."""
-    return max(margin, 0.0 if prep.margin is None else float(prep.margin))
-
-
-def start_margin(prep: Prepared, know: Knowledge) -> float | None:
-    """The memory outside the scans a plan at a new budget starts from: the least that a
-    verified plan showed (`floored`), not the last plan's (learnt on another save set), so
-    a re-plan starts where a fresh plan does or above it; the un-checkpointed step's before
-    any plan is verified (None without it).
-
-    Example: un-checkpointed 0.44 MiB, plans verified at 0.67 and -3.79 MiB: 0.44 MiB."""
-    shown = _verified(know)
-    if not shown:
-        return prep.margin
-    return floored(prep, min(shown))
 
 
 def per_layer(choice: Choice) -> bool:

@@ -92,7 +92,6 @@ def plan_prepared(
     un-checkpointed step's)."""
     say = progress or (lambda _: None)
     know = knowledge if knowledge is not None else Knowledge(prep)
-    know.restart()  # not another budget's last plan's memory outside the scans
     (counts0, seconds0), clock = since or (tally(), time.perf_counter())
     check_relative(budget.spec, budget.fraction, prep.refusal)
     budget_bytes = budget.to_bytes(peak_of(prep.baseline), device_memory)
@@ -411,7 +410,7 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
             alone, _ = beside()
         measured = refused(prep.baseline, refusal, step_flops(prep, choice))
         if refusal.asked_bytes is not None and alone is not None:  # corrects the model
-            know.learn(refusal.asked_bytes - alone)
+            know.margin = refusal.asked_bytes - alone
         know.measured[key] = Known(choice, measured, _predicted(prep, choice, alone, margin),
                                    alone)  # fmt: skip
         return
@@ -424,7 +423,7 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
     if alone is not None and dearer(prep, known):  # its peak is the compiler's own recomputation's
         known = dataclasses.replace(known, alone=None)
     elif alone is not None:
-        know.learn(peak_of(measured) - alone)
+        know.margin = peak_of(measured) - alone
     know.measured[key] = known
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._baseline import REFUSED
 from ._compile import peak_of
-from ._memo import EQUAL_FLOPS, best_known, choice_key, cost, floored, margins, step_flops
+from ._memo import EQUAL_FLOPS, best_known, choice_key, cost, margins, step_flops
 
 # Candidates predicted over the budget by less than the spread of the memory outside the scans
 # that are compiled whole before the rounds settle, at most (`within_spread`).
@@ -76,9 +76,8 @@ def error_spread(prep, pairs) -> float:
 def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -> int:
     """Before the rounds settle on the best plan that fits: a candidate checked alone and
     put over the budget only by the memory outside the scans (`Knowledge.margin`, learnt on
-    the last plan verified: ``first_margin`` where the rounds began) is compiled whole, at
-    most `SPREAD_ROUNDS` times (`doubtful`), predicted with the least such memory measured,
-    never below the un-checkpointed step's (`_memo.floored`), and where the last one
+    the last plan verified, maybe another budget's: ``first_margin`` where the rounds began)
+    is compiled whole, at most `SPREAD_ROUNDS` times (`doubtful`), and where the last one
     compiled is over, once more its `twin` on the scans alone. That memory differs
     between save sets (Llama-3-8B shapes: 27.99 GiB beside the un-checkpointed step's scans,
     29.98 beside MaxText ``minimal``'s save set, 28.10 beside the cheapest that fits
@@ -103,9 +102,8 @@ def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -
             break
         choice, alone = pick
         say("verifying a plan within the spread of the memory outside the scans")
-        # Predicted with the smallest memory outside the scans measured (floored).
-        least = floored(prep, min(shown))
-        verify(prep, know, choice_key(choice), choice, least, alone=alone)
+        # Predicted with the smallest memory outside the scans measured.
+        verify(prep, know, choice_key(choice), choice, min(shown), alone=alone)
         rounds += 1
         last = next(m for m in missed if m[1] is choice)
     if last is not None and peak_of(know.measured[choice_key(last[1])].measured) > budget_bytes:
@@ -113,7 +111,7 @@ def within_spread(prep, know, budget_bytes, missed, first_margin, say, verify) -
         other = twin(prep, know, last, missed)
         if other is not None:
             say("verifying its twin on the scans alone")
-            verify(prep, know, choice_key(other[1]), other[1], least, alone=other[2])
+            verify(prep, know, choice_key(other[1]), other[1], min(shown), alone=other[2])
             rounds += 1
     return rounds
 
@@ -147,19 +145,18 @@ def twin(prep, know, candidate, missed) -> tuple[Any, Any, float] | None:
 def doubtful(prep, unknown, budget_bytes, shown, margin) -> tuple[Any, float] | None:
     """Of ``unknown`` (``(choice, scan-alone prediction)``: candidates cheaper than the best
     plan, not compiled), the one `within_spread` compiles: the cheapest that the smallest
-    memory outside the scans measured (of ``shown``, never below the un-checkpointed step's:
-    `_memo.floored`; less is a scan-alone overestimate, not memory) puts within the budget;
-    else, the one put least over the budget by ``margin`` (the last measured) among those
-    over it by less than that memory's spread (the least over first: the most likely to
-    fit). The memory outside the scans of a save set not compiled may lie below every one
-    measured: at Llama-3-70B shapes MaxText ``save_out_proj``'s save set showed 253.05 GiB,
-    where the plans compiled before it showed 254.01-259.04, and it fits its preset's peak
-    exactly. None where no candidate is in doubt.
+    memory outside the scans measured (of ``shown``) puts within the budget; else, the one
+    put least over the budget by ``margin`` (the last measured) among those over it by less
+    than that memory's spread (the least over first: the most likely to fit). The memory
+    outside the scans of a save set not compiled may lie below every one measured: at
+    Llama-3-70B shapes MaxText ``save_out_proj``'s save set showed 253.05 GiB, where the
+    plans compiled before it showed 254.01-259.04, and it fits its preset's peak exactly.
+    None where no candidate is in doubt.
 
     Example:
       >>> from types import SimpleNamespace as N
       >>> from remat._plan._spread import doubtful
-      >>> prep = N(baseline=N(flops=100.0, num_devices=1), margin=None)
+      >>> prep = N(baseline=N(flops=100.0, num_devices=1))
       >>> a, b = N(flops=1.0), N(flops=2.0)
       >>> doubtful(prep, [(a, 97.0), (b, 93.0)], 100, [4.0, 6.0], 6.0)[1]  # 93 + 4 fits
       93.0
@@ -170,7 +167,7 @@ def doubtful(prep, unknown, budget_bytes, shown, margin) -> tuple[Any, float] | 
     """
     if not shown:
         return None
-    least, spread = floored(prep, min(shown)), max(shown) - min(shown)
+    least, spread = min(shown), max(shown) - min(shown)
     fits = [
         (step_flops(prep, c), alone, c) for c, alone in unknown if alone + least <= budget_bytes
     ]
