@@ -37,6 +37,7 @@ from .._measure._phases import loop_phases
 from .._measure._refusal import refusal_of
 from .._shard._scan_shardings import ScanPlacement, on_mesh, stacked
 from .._shard._sharding import per_device_bytes
+from .._trace import _jaxpr_walk as walk
 from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
@@ -277,26 +278,19 @@ def _forward(info: ScanInfo, length: int, d_specs, o_specs, diff) -> Any:
 
 def _with_policy(closed: Any, policy: Any) -> Any:
     """``closed`` with each checkpoint whose policy is `_PLACEHOLDER` given ``policy``."""
-
-    def put(jaxpr):
-        eqns = []
-        for eqn in jaxpr.eqns:
-            params = {k: _put_in(v, put) for k, v in eqn.params.items()}
-            if eqn.params.get("policy") is _PLACEHOLDER:
-                params["policy"] = policy
-            same = all(params[k] is v for k, v in eqn.params.items())
-            eqns.append(eqn if same else eqn.replace(params=params))
-        return jaxpr.replace(eqns=eqns)
-
-    return jcore.ClosedJaxpr(put(closed.jaxpr), closed.consts)
-
-
-def _put_in(value: Any, put: Callable[[Any], Any]) -> Any:
-    if isinstance(value, jcore.ClosedJaxpr):
-        return jcore.ClosedJaxpr(put(value.jaxpr), value.consts)
-    if isinstance(value, jcore.Jaxpr):
-        return put(value)
-    return value
+    jaxpr = closed.jaxpr
+    placeholders = [
+        site
+        for site in walk.sites(jaxpr)
+        if site.primitive == walk.CHECKPOINT and site.eqn.params["policy"] is _PLACEHOLDER
+    ]
+    if not placeholders:  # the save set would be lost: its program would save nothing
+        raise AssertionError("the scan's forward program has no placeholder checkpoint")
+    for site in placeholders:  # replacing an equation leaves every site's path as it was
+        jaxpr = walk.replace_eqn(
+            jaxpr, site, lambda e: e.replace(params={**e.params, "policy": policy})
+        )
+    return jcore.ClosedJaxpr(jaxpr, closed.consts)
 
 
 def _placed(placement, info, flat_in, outs, diff):
