@@ -171,19 +171,14 @@ def margins(prep: Prepared, know: Knowledge, uniform: bool = False) -> list[floa
     between save sets (what the step keeps beside the scans as their peak falls, e.g. the
     loss head's logits), so the last one (`Knowledge.margin`) is a correction learnt on one
     plan, good to within their spread."""
-    return ([] if prep.margin is None else [float(prep.margin)]) + _verified(know, uniform)
-
-
-def _verified(know: Knowledge, uniform: bool = False) -> list[float]:
-    """Per verified plan (``uniform``: with no per-layer pattern), its compiled peak minus its
-    scan-alone prediction."""
-    return [
+    shown = [
         float(peak_of(k.measured) - k.alone)
         for k in know.measured.values()
         if k.alone is not None
         and k.measured.peak_source != REFUSED
         and not (uniform and per_layer(k.choice))
     ]
+    return ([] if prep.margin is None else [float(prep.margin)]) + shown
 
 
 def per_layer(choice: Choice) -> bool:
