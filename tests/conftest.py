@@ -16,18 +16,24 @@ from remat._measure._measurement import Measurement, Timing
 
 jax.config.update("jax_enable_x64", False)
 
-# JAX's persistent compilation cache, in a folder of this test process's own (each pytest-xdist
-# worker has one; removed at exit): the suite compiles the same small programs in many tests
-# (shared models, the plain twin of every checkpointed one), and a program compiled before is
-# read back instead (about a sixth of the suite's CPU time). Memory analysis, cost analysis and
-# HLO text of a cached executable are those of the compile that wrote it. Set
-# REMAT_TEST_COMPILE_CACHE=0 to compile everything afresh.
+# JAX's persistent compilation cache, in one folder per test run: the suite compiles the same
+# small programs in many tests (shared models, the plain twin of every checkpointed one), and a
+# program compiled before, by this process or another, is read back instead. The process that
+# imports this file first (pytest's, or pytest-xdist's controller, before it starts its workers)
+# makes the folder, hands it to the others in REMAT_TEST_XLA_CACHE, and removes it at exit; a
+# size limit turns on JAX's file lock, so that workers never read an entry half written.
+# Memory analysis, cost analysis and HLO text of a cached executable are those of the compile
+# that wrote it. Set REMAT_TEST_COMPILE_CACHE=0 to compile everything afresh.
 if os.environ.get("REMAT_TEST_COMPILE_CACHE", "1") != "0":
-    _CACHE = tempfile.mkdtemp(prefix="remat-tests-xla-cache-")
-    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    _CACHE = os.environ.get("REMAT_TEST_XLA_CACHE")
+    if not _CACHE or not os.path.isdir(_CACHE):
+        _CACHE = tempfile.mkdtemp(prefix="remat-tests-xla-cache-")
+        os.environ["REMAT_TEST_XLA_CACHE"] = _CACHE
+        atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
     jax.config.update("jax_compilation_cache_dir", _CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", 1 << 40)  # JAX locks the folder
 
 # (rtol, atol) per dtype: loose enough for reassociation, tight enough to catch a wrong gradient.
 _TOLERANCES = {

@@ -19,6 +19,9 @@ new block is tested as soon as it is written; the fence's info string says how
   ``remat ...`` runs them through the CLI's ``main`` in this process (`_run_remat`).
 - ``notest`` after the language (```` ```bash notest ````): shown, never run (a command that
   needs a GPU, the test suite itself); the text around it says why.
+- ``slow`` after the language (```` ```bash slow ````, ```` ```python slow ````): run only by
+  ``./dev test -m slow``, for a block that plans or compiles a model as large as the demo's
+  and whose commands tests/_cli runs on small targets by default.
 - Any other language (``text``, none) is shown, never run.
 
 ``REMAT_UPDATE_DOCS=1 ./dev test tests/test_docs.py`` rewrites every Python block's output
@@ -46,9 +49,9 @@ from markdown_it import MarkdownIt
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 OPTIONS = {
-    "python": {"continuation", "process", "notest"},
-    "bash": {"notest"},
-    "console": {"notest"},
+    "python": {"continuation", "process", "notest", "slow"},
+    "bash": {"notest", "slow"},
+    "console": {"notest", "slow"},
 }
 VARIES = re.compile(r"≈(-?[0-9][0-9.,]*)")
 
@@ -105,6 +108,12 @@ def shells() -> list[Block]:
         for b in blocks(path)
         if b.lang in ("bash", "console") and "notest" not in b.options
     ]
+
+
+def _params(runs: list, first) -> list:
+    """``runs`` as pytest parameters, a run whose first block says ``slow`` marked slow."""
+    marks = lambda run: [pytest.mark.slow] if "slow" in first(run).options else []  # noqa: E731
+    return [pytest.param(run, marks=marks(run), id=first(run).where) for run in runs]
 
 
 def matches(expected: str, got: str) -> bool:
@@ -168,7 +177,7 @@ def _folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("chain", chains(), ids=lambda c: c[0].where)
+@pytest.mark.parametrize("chain", _params(chains(), lambda c: c[0]))
 def test_python_block_runs_as_written(chain, tmp_path, monkeypatch):
     folder = _folder(tmp_path)
     if "process" in chain[0].options:
@@ -252,7 +261,7 @@ def _run_remat(argv: list[str], folder: Path) -> tuple[int, str]:
     return code, printed.getvalue()
 
 
-@pytest.mark.parametrize("block", shells(), ids=lambda b: b.where)
+@pytest.mark.parametrize("block", _params(shells(), lambda b: b))
 def test_shell_block_runs_as_written(block, tmp_path):
     """A block whose every command is a ``remat`` command runs them with the CLI's `main` in
     this process (`_run_remat`); any other block runs with bash in a new process."""

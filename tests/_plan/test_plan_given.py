@@ -105,7 +105,7 @@ def compiler_with_a_line(decoder):
     return plan, know, line, extra
 
 
-@pytest.mark.slow  # three plans (~20 s); `_dearer` is exercised by default by the test below
+@pytest.mark.slow  # three plans (~20 s) of a compiler that recomputes of its own accord
 def test_a_plan_under_the_compilers_own_recomputation_is_found(decoder, compiler_with_a_line):
     loss, args, plain = decoder
     plan, know, line, extra = compiler_with_a_line
@@ -135,6 +135,7 @@ def _saved_names(plan) -> set[str]:
     return {v.user_name for s in plan.scans for v in s.saved if v.user_name}
 
 
+@pytest.mark.slow  # two plans, 11 step compiles (~20 s): on the CPU backend `_dearer` never acts
 def test_a_given_strategy_the_compiler_makes_cheaper_is_the_plan(decoder, recomputing_compiler):
     loss, args, plain = decoder
     own, given, extra = recomputing_compiler
