@@ -10,6 +10,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from remat._core._budget import MIB
 from remat._measure._measurement import Measurement, Timing
@@ -20,8 +21,10 @@ jax.config.update("jax_enable_x64", False)
 # small programs in many tests (shared models, the plain twin of every checkpointed one), and a
 # program compiled before, by this process or another, is read back instead. The process that
 # imports this file first (pytest's, or pytest-xdist's controller, before it starts its workers)
-# makes the folder, hands it to the others in REMAT_TEST_XLA_CACHE, and removes it at exit; a
-# size limit turns on JAX's file lock, so that workers never read an entry half written.
+# makes the folder, hands it to the others in REMAT_TEST_XLA_CACHE, and removes it at exit.
+# An entry read while another worker still writes it fails to load: JAX warns and compiles
+# (`pytest_collection_modifyitems` lets that warning pass). No size limit: JAX's limit scans
+# the whole folder at every write.
 # Memory analysis, cost analysis and HLO text of a cached executable are those of the compile
 # that wrote it. Set REMAT_TEST_COMPILE_CACHE=0 to compile everything afresh.
 if os.environ.get("REMAT_TEST_COMPILE_CACHE", "1") != "0":
@@ -33,7 +36,14 @@ if os.environ.get("REMAT_TEST_COMPILE_CACHE", "1") != "0":
     jax.config.update("jax_compilation_cache_dir", _CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", 1 << 40)  # JAX locks the folder
+
+
+def pytest_collection_modifyitems(items):
+    """Every test lets JAX's warning about a cache entry it could not read pass (above)."""
+    mark = pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+    for item in items:
+        item.add_marker(mark)
+
 
 # (rtol, atol) per dtype: loose enough for reassociation, tight enough to catch a wrong gradient.
 _TOLERANCES = {
