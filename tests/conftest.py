@@ -17,19 +17,6 @@ from remat._measure._measurement import Measurement, Timing
 
 jax.config.update("jax_enable_x64", False)
 
-# The suite reads compiled programs (memory analysis, optimised HLO) far more than it runs
-# them, and runs only small ones: LLVM's optimisation off (what the planner compiles with,
-# `remat._measure._step.ANALYSIS_OPTIONS`) changes only the machine code, not XLA's passes,
-# buffer assignment or FLOPs (tests/_plan/test_compiles.py checks that against XLA's default
-# level, 3), and takes about a third less CPU. Read when JAX starts its backend (the first
-# compile, after this file is imported); child processes inherit it.
-# REMAT_TEST_XLA_OPT=default keeps XLA's own level.
-_LEVEL = "--xla_backend_optimization_level=0"
-if os.environ.get("REMAT_TEST_XLA_OPT") != "default" and _LEVEL not in os.environ.get(
-    "XLA_FLAGS", ""
-):
-    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} {_LEVEL}").strip()
-
 # JAX's persistent compilation cache, in one folder per test run: the suite compiles the same
 # small programs in many tests (shared models, the plain twin of every checkpointed one), and a
 # program compiled before, by this process or another, is read back instead. The process that
