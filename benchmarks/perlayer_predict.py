@@ -16,8 +16,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
 import sys
 import time
@@ -26,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import vs_torch
-from bench_common import BENCH_MD, MIB, machine_line, markdown_table, print_table, replace_section
+from bench_common import MIB, arch_arguments, markdown_table, section_start, write_section
 from remat._plan._body import scan_memories
 from remat._plan._calibrate import prepare
 from remat._plan._mixes import completed
@@ -84,41 +82,36 @@ def rows_of(kind: str) -> list[list[str]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="gpt,mlp")
-    parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    rows = [r for kind in args.arch.split(",") for r in rows_of(kind)]
-    print_table("mixes against the line through their save sets", HEAD, rows)
-    print(f"load average {os.getloadavg()}")
-    if args.no_write:
-        return 0
+def section(rows: list[list[str]], wall: float) -> str:
     errors = [abs(float(c.split("(")[1].rstrip(")"))) for r in rows for c in r[4:]]
-    text = "\n".join([
-        MARKERS[0],
-        "## Per-layer mixes: predicted from their save sets compiled alone? "
-        "(`benchmarks/perlayer_predict.py`)",
-        "",
-        f"Run {datetime.date.today().isoformat()} on {machine_line()}; "
-        f"{time.perf_counter() - start:.0f} s. Reproduce with "
-        "`PYTHONPATH=src python benchmarks/perlayer_predict.py`.",
+    parts = section_start(
+        MARKERS, "Per-layer mixes: predicted from their save sets compiled alone? "
+        "(`benchmarks/perlayer_predict.py`)", wall,
+        "PYTHONPATH=src python benchmarks/perlayer_predict.py",
+    )  # fmt: skip
+    parts += [
         "",
         "Each mix's scan-alone memory (what the scan adds to the step's peak) beside the line "
         "through the same two save sets compiled alone in every layer, as the plain scan and "
         "as segments. The memory is not linear in the layers: it is the largest of the "
         "backward pass's phases, and which phase peaks moves with the mix (on the GPT, a mix "
         "can keep less than either of its sets in every layer). The errors reach "
-        f"{max(errors):.2f} MiB, against budgets of 20-80 MiB: a price from the uniform programs "
-        "cannot stand for a compile, so the planner compiles each per-layer candidate alone "
-        "(or prices it from two mixes of the same sets, `_alone.priced_mix`).",
+        f"{max(errors):.2f} MiB, against budgets of 20-80 MiB: a price from the uniform "
+        "programs cannot stand for a compile, so the planner compiles each per-layer "
+        "candidate alone (or prices it from two mixes of the same sets, "
+        "`_alone.priced_mix`).",
         "",
         markdown_table(HEAD, rows),
         MARKERS[1],
-    ])  # fmt: skip
-    replace_section(BENCH_MD, MARKERS, text)
-    print(f"wrote {BENCH_MD}")
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, start = arch_arguments(__doc__, argv), time.perf_counter()
+    rows = [r for kind in args.arch.split(",") for r in rows_of(kind)]
+    print(f"load average {os.getloadavg()}")
+    write_section(MARKERS, section(rows, time.perf_counter() - start), not args.no_write)
     return 0
 
 
