@@ -150,3 +150,14 @@ def write_section(markers: tuple[str, str], text: str, write: bool) -> None:
     if write:
         replace_section(BENCH_MD, markers, text)
         print(f"wrote {BENCH_MD}")
+
+
+def arch_arguments(doc: str, argv: Sequence[str] | None) -> Any:
+    """The arguments of a script over the models of `vs_torch.py`: ``--arch`` (``gpt,mlp``)
+    and ``--no-write`` (leave BENCHMARKS.md as it is); ``doc`` is the script's docstring."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--arch", default="gpt,mlp")
+    parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    return parser.parse_args(argv)

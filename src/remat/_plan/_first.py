@@ -35,13 +35,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ._alone import charged_options, check_alone
+from ._alone import charged_options, check_alone, compile_alone
 from ._baseline import REFUSED
 from ._calibrate import Prepared
 from ._compile import peak_of
 from ._memo import Knowledge, choice_key, per_layer, step_flops
 from ._mixes import completed
 from ._named import NEAR
+from ._named import ahead as named_ahead
 from ._options import Choice
 from ._perlayer import uniform_of
 from ._saved import as_cheap, as_cheap_solve
@@ -100,6 +101,9 @@ def instead(
         def meanwhile(key=key, mixed=mixed):  # beside the step's compile (outside the GIL)
             if solved is not None:
                 solved[key] = as_cheap_solve(prep, know, budget_bytes, mixed)
+            # What `_named.try_named` checks alone once the step fits (`InPlace.wanted`).
+            compile_alone(prep, know, named_ahead(prep, know, budget_bytes,
+                                                  step_flops(prep, mixed), alone + margin))  # fmt: skip
 
         verify(prep, know, key, mixed, margin, alone=mixed_alone, ahead=meanwhile)
         measured = know.measured[key].measured

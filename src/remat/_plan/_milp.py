@@ -42,6 +42,8 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from ._dominated import dominated_out
+
 # One HiGHS solve at a time in this process: the planner solves on a second thread too
 # (`_mixes`), and the solves need not be run side by side with each other, only with XLA's
 # compiles.
@@ -306,6 +308,17 @@ def solve(
         raise ValueError(
             f"`remat._plan._milp.solve` got minimize={minimize!r}; use 'flops' or 'memory'."
         )
+    if min_flops is None and max_saved is None:  # no optimum needs a dominated option
+        out = dominated_out(nodes, options, stored_weight, slice_weight, exclude, exclude_costly)
+        if out is not None:
+            kept, nodes_, options_, exclude_, costly_ = out
+            solution = solve(nodes_, budget_bytes, options=options_, fixed_bytes=fixed_bytes,
+                             transient_weight=transient_weight, stored_weight=stored_weight,
+                             slice_weight=slice_weight, minimize=minimize, max_flops=max_flops,
+                             time_limit=time_limit, exclude=exclude_, exclude_costly=costly_)  # fmt: skip
+            if solution is None:
+                return None
+            return dataclasses.replace(solution, options=tuple(kept[k] for k in solution.options))
     n, m = len(nodes), len(options)
     # save[0..n), recompute[0..n), transient, chosen[0..m), offload[0..n), materialised[0..n)
     nvar = 4 * n + 1 + m
