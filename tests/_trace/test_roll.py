@@ -223,6 +223,18 @@ def test_widths_that_all_differ_say_which_layer():
     assert "differs from the one before it: dot_general input" in why, why
 
 
+def test_a_debug_print_in_each_layer_is_named_as_the_side_effect():
+    def loss(params, x):
+        for p in params:
+            x = jnp.tanh(x @ p["w"])
+            jax.debug.print("{m}", m=x.sum())
+        return jnp.sum(x**2)
+
+    why = explain_no_roll(jax.make_jaxpr(loss)([{"w": jnp.eye(W)}] * 3, X))
+    assert "debug_print has a side effect" in why, why
+    assert "parameters differ" not in why, why
+
+
 ### Flax linen
 
 

@@ -31,6 +31,12 @@ def _describe(a, b) -> str:
     ob = [str(v.aval.str_short()) for v in b.outvars]
     if oa != ob:
         return f"{a.primitive.name} output {oa} vs {ob}"
+    if a.effects or b.effects:  # an effectful equation never repeats (`_Tokens.strict_key`)
+        return (
+            f"{a.primitive.name} has a side effect (jax.debug.print, jax.debug.callback, io), "
+            "which is never rolled; take it out of the layer, or run the layers in a "
+            "`jax.lax.scan` yourself"
+        )
     return f"{a.primitive.name} parameters differ"
 
 
