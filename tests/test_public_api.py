@@ -126,3 +126,11 @@ def test_public_exceptions_and_warnings_print_their_public_names():
     err = remat.InfeasibleBudget("1KiB", 1024, 2048, 4096)
     (line,) = traceback.format_exception_only(err)
     assert line.startswith("remat.InfeasibleBudget: `remat.plan` cannot fit budget")
+
+
+def test_infeasible_budget_where_checkpointing_raises_the_peak_says_so():
+    """The least peak compiled above the program's own: no budget under 100% is met, so
+    the error does not ask for a budget above the program's peak."""
+    err = remat.InfeasibleBudget("70%", 984_292, 1_452_044, 1_406_132)
+    assert "103% of the un-checkpointed peak" in str(err)
+    assert "does not lower this peak" in str(err) and "Raise the budget" not in str(err)

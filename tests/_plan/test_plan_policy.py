@@ -186,6 +186,23 @@ def test_naming_advice_names_a_line_in_a_loop_once():
     assert "save_only_these_names('remat_s0_e0_0', 'remat_s0_e9_0')" in text
 
 
+def test_naming_advice_gives_each_operation_of_one_line_its_name():
+    """Two matmuls of one line (``jnp.tanh(h @ w1) @ w2``, or a layer's internals called
+    there) are two operations, not a loop: a name each, both in the policy."""
+    from types import SimpleNamespace as V
+
+    from remat._plan._explain import paste_code
+
+    saved = [V(name=f"remat_s0_e{i}_0", user_name=None, source="model.py:12", dtype="float32",
+               shape=(4, 8), primitive="dot_general", site=(f"model.py:12:{col}",))
+             for i, col in ((0, 8), (2, 20))]  # fmt: skip
+    text = paste_code(V(rolled=False, scans=[V(position=0, schedule="per_step", saved=saved)]))
+    assert "a loop in the step" not in text and "makes 2 of the saved values by different" in text
+    assert text.count("checkpoint_name(y, 'remat_s0_e0_0')") == 1
+    assert text.count("checkpoint_name(y, 'remat_s0_e2_0')") == 1
+    assert "save_only_these_names('remat_s0_e0_0', 'remat_s0_e2_0')" in text
+
+
 ### Plan.policy in the user's own scan
 
 

@@ -223,6 +223,32 @@ def test_widths_that_all_differ_say_which_layer():
     assert "differs from the one before it: dot_general input" in why, why
 
 
+def test_a_debug_print_in_each_layer_is_named_as_the_side_effect():
+    def loss(params, x):
+        for p in params:
+            x = jnp.tanh(x @ p["w"])
+            jax.debug.print("{m}", m=x.sum())
+        return jnp.sum(x**2)
+
+    why = explain_no_roll(jax.make_jaxpr(loss)([{"w": jnp.eye(W)}] * 3, X))
+    assert "debug_print has a side effect" in why, why
+    assert "parameters differ" not in why, why
+
+
+def test_layers_beside_a_scan_in_the_loss_are_named_as_not_rolled():
+    """A scan in the loss (``optax.ctc_loss`` scans over time) keeps the Python-loop layers
+    from rolling: `apply` says so rather than checkpointing nothing in silence."""
+
+    def loss(params, x):
+        for p in params:
+            x = jnp.tanh(x @ p["w"])
+        return jax.lax.scan(lambda c, v: (c + jnp.sum(v), None), 0.0, x)[0]
+
+    params = [{"w": jnp.eye(W)}] * 3
+    with pytest.warns(remat.RematWarning, match=r"left the repeated layers \(3 at .*\) as written"):
+        jax.make_jaxpr(remat.apply(loss, "full"))(params, X)
+
+
 ### Flax linen
 
 

@@ -25,6 +25,7 @@ from jax.extend import core as jcore
 
 from .._core._dtypes import itemsize
 from .._shard._shard_counts import shard_counts
+from .._trace._jaxpr_walk import site
 from .._trace._rewrite import ScanInfo, _source
 from .._trace._tag import _spec, eval_tagged, flatten, is_tagged, user_name, value_name
 from ._milp import Node
@@ -111,6 +112,9 @@ class Value:
     # Its equation's operand types (``"float32[8, 128]"``): what `remat.Plan.policy` matches
     # on where the value has no name of the program's own.
     operands: tuple[str, ...] = ()
+    # Where its equation was made (`remat._trace._jaxpr_walk.site`): values of one source
+    # line made by one operation in a Python loop share it; different operations do not.
+    site: tuple[str, ...] = ()
 
 
 def operand_text(aval: Any) -> str:
@@ -234,6 +238,7 @@ def model_scan(
                     fusible=flops == 0 and var not in matmul_operands,
                     user_name=given,
                     operands=tuple(operand_text(v.aval) for v in e.invars),
+                    site=site(e),
                 )
             )
     needed, forced = _needed(flat, index, names, nc, nk)

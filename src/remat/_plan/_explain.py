@@ -140,10 +140,13 @@ def per_layer_code(plan: Any) -> str:
 def _naming_lines(values: list[Any]) -> tuple[list[str], list[str]]:
     """One ``checkpoint_name`` line per source line of the saved values without a name.
 
-    A line that makes several of them (a Python loop inside the scan's step) is named once:
-    one ``checkpoint_name`` there names every value it makes, so the advice says how many
-    of them the plan saves and that a name there saves them all. Returns the lines and the
-    names they give (one per source line).
+    A line that makes several of them by one operation (a Python loop inside the scan's
+    step: the values share their `site`) is named once: one ``checkpoint_name`` there names
+    every value it makes, so the advice says how many of them the plan saves and that a
+    name there saves them all. Values of one line made by different operations (several
+    on the line, or inside a layer it calls) are listed with a name each, to be given where
+    each is computed: a name on the line's result would name one value, not all. Returns
+    the lines and the names they give.
 
     Example:
       >>> from types import SimpleNamespace as V
@@ -161,6 +164,18 @@ def _naming_lines(values: list[Any]) -> tuple[list[str], list[str]]:
     for group in groups.values():
         v = group[0]
         where = f"at {v.source}: " if v.source else ""
+        if len({getattr(x, "site", ()) for x in group}) > 1:  # different operations
+            lines.append(
+                f"    {where}makes {len(group)} of the saved values by different operations "
+                "(several on this line, or inside a function it calls): a name on the "
+                "line's result names one of them; name each where it is computed:"
+            )
+            for x in group:
+                lines.append(
+                    f"        checkpoint_name(y, {x.name!r})  # {x.primitive} {x.dtype}{list(x.shape)}"
+                )
+                names.append(x.name)
+            continue
         note = f"  # {v.primitive} {v.dtype}{list(v.shape)}"
         if len(group) > 1:
             note += (

@@ -33,6 +33,7 @@ class SavedValue:
     source: str | None
     user_name: str | None = None  # the program's own `checkpoint_name` for it
     operands: tuple[str, ...] = ()  # its equation's operand types (see `Plan.policy`)
+    site: tuple[str, ...] = ()  # where its equation was made (`_costmodel.Value.site`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +187,7 @@ def decode(
                 source=v.source,
                 user_name=v.user_name,
                 operands=v.operands,
+                site=v.site,
             )
             for i, v in zip(idx, values, strict=True)
         )

@@ -133,7 +133,7 @@ class InfeasibleBudget(ValueError):
                 fraction=smallest / baseline if baseline else 0.0,
                 baseline=format_bytes(baseline),
                 strategy="" if strategy is None else f", measured with {strategy}",
-                advice=_advice(smallest, predicted),
+                advice=_advice(smallest, predicted, baseline),
             )
             if predicted is not None:
                 text += _PREDICTED.format(predicted=format_bytes(predicted),
@@ -150,15 +150,24 @@ class InfeasibleBudget(ValueError):
         self.baseline_peak_bytes = baseline
 
 
-def _advice(smallest: int, predicted: int | None) -> str:
+def _advice(smallest: int, predicted: int | None, baseline: int | None = None) -> str:
     """What budget to ask for: the least peak compiled, and, when the planner settled the
     budget from predictions below that, the least predicted too (its least-memory plan was
-    not compiled, so the peak it reaches may be below the least compiled one).
+    not compiled, so the peak it reaches may be below the least compiled one). Where no
+    plan compiled or predicted peaks below ``baseline`` (the program's own peak), a larger
+    budget under 100% cannot help: checkpointing does not lower this program's peak.
 
     Example:
       >>> _advice(4_680_000, 4_580_000)
       'Raise the budget to 4.46 MiB (a compiled plan fits it) or try down to 4.37 MiB (the least peak predicted, not compiled)'
+      >>> _advice(1_452_044, None, 1_408_000)
+      'Checkpointing the scans does not lower this peak (no plan compiled peaks below it): keep the program as written (budget 100%)'
     """
+    if baseline and smallest >= baseline and (predicted is None or predicted >= baseline):
+        return (
+            "Checkpointing the scans does not lower this peak (no plan compiled peaks below "
+            "it): keep the program as written (budget 100%)"
+        )
     if predicted is not None and predicted < smallest:
         return (
             f"Raise the budget to {format_bytes(smallest)} (a compiled plan fits it) or try "

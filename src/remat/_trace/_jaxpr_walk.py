@@ -138,6 +138,17 @@ def source(eqn: core.JaxprEqn) -> str | None:
     return _strict_source(eqn) or _own_source(eqn, strict=False)
 
 
+def site(eqn: core.JaxprEqn) -> tuple[str, ...]:
+    """Every frame outside JAX that made ``eqn``, innermost first, as ``"file.py:12:8"``.
+
+    One operation run again by a Python loop has the same site at every iteration; two
+    operations of one source line (``jnp.tanh(x @ w1) @ w2``, or a layer's internals called
+    there) have different sites and the same `source`.
+    """
+    frames = source_info_util.user_frames(eqn.source_info.traceback)
+    return tuple(f"{display_path(f.file_name)}:{f.start_line}:{f.start_column}" for f in frames)
+
+
 def _strict_source(eqn: core.JaxprEqn, depth: int = 0) -> str | None:
     found = _own_source(eqn, strict=True)
     if found is None and depth < 8:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from jax.extend import core as jcore
 
+from ._jaxpr_walk import subjaxprs
 from ._roll_dataflow import _Mismatch
 from ._roll_detect import _candidates, _search, _stretches
 from ._roll_lift import lifted_runs
@@ -31,6 +32,12 @@ def _describe(a, b) -> str:
     ob = [str(v.aval.str_short()) for v in b.outvars]
     if oa != ob:
         return f"{a.primitive.name} output {oa} vs {ob}"
+    if a.effects or b.effects:  # an effectful equation never repeats (`_Tokens.strict_key`)
+        return (
+            f"{a.primitive.name} has a side effect (jax.debug.print, jax.debug.callback, io), "
+            "which is never rolled; take it out of the layer, or run the layers in a "
+            "`jax.lax.scan` yourself"
+        )
     return f"{a.primitive.name} parameters differ"
 
 
@@ -86,3 +93,49 @@ def explain_no_roll(closed_jaxpr: jcore.ClosedJaxpr) -> str:
                     f"layer at eqn {i}{_where(a)} differs from the one before it: {_describe(a, b)}"
                 )
     return f"no repeated structure found: no sequence of equations repeats ({len(eqns)} equations)"
+
+
+_NOT_ROLLED = (
+    "`remat` left the repeated layers ({runs}) as written: the program has a "
+    "`scan` of its own ({scan}), and remat rolls layers only in programs without one, so no "
+    "strategy or plan reaches them. Put the layers in a scan (`jax.lax.scan`, `nn.scan`, "
+    "`nnx.scan`), or compute what scans (a loss such as `optax.ctc_loss`) outside the "
+    "function that remat is given."
+)
+
+
+def unrolled_beside_scans(closed_jaxpr: jcore.ClosedJaxpr, scans: list) -> str | None:
+    """Why the repeated layers of a program that has scans of its own are not rolled, or
+    None where it has none outside its scans (runs whose layers hold a scan are scans).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> def f(ws, x):
+      ...     for w in ws:
+      ...         x = jnp.tanh(x @ w)
+      ...     return jax.lax.scan(lambda c, v: (c + v, None), 0.0, x)[0]
+      >>> closed = jax.make_jaxpr(f)([jnp.eye(3)] * 4, jnp.ones(3))
+      >>> "left the repeated layers (4 at " in unrolled_beside_scans(closed, ["s"])
+      True
+    """
+    if not scans:
+        return None
+    closed_jaxpr, runs = lifted_runs(closed_jaxpr)
+    eqns = closed_jaxpr.jaxpr.eqns
+    left = [
+        f"{run.length} at {run.source}"
+        for run in runs
+        if run.path == ()
+        and not any(_holds_scan(e) for e in eqns[run.start : run.start + run.length * run.period])
+    ]
+    if not left:
+        return None
+    scan = scans[0]
+    where = getattr(scan, "source", None) or getattr(scan, "name", None) or "scan 0"
+    return _NOT_ROLLED.format(runs=", ".join(left), scan=where)
+
+
+def _holds_scan(eqn) -> bool:
+    if eqn.primitive.name == "scan":
+        return True
+    return any(_holds_scan(e) for _, _, sub in subjaxprs(eqn) for e in sub.eqns)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,7 +47,9 @@ from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from .._core._errors import brief
+from .._core._warnings import RematWarning
 from ._roll_detect import Run
+from ._roll_explain import unrolled_beside_scans
 from ._roll_lift import lifted_runs
 from ._scan_info import ScanInfo, walk
 from ._traced import _rewritten, _split_args, _trace
@@ -302,6 +305,9 @@ def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
     def evaluator(traced):
         if traced.scans:
             closed, runs = traced.jaxpr, ()
+            why = unrolled_beside_scans(traced.jaxpr, traced.scans)
+            if why is not None:
+                warnings.warn(why, RematWarning, stacklevel=2)
         else:
             closed, runs = lifted_runs(traced.jaxpr)
             runs = tuple(runs)
