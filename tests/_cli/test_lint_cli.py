@@ -35,6 +35,13 @@ TARGET = textwrap.dedent(
 
     def broken():
         raise RuntimeError("the factory failed")
+
+    def with_aux():
+        def loss(w):
+            block = jax.checkpoint(lambda v: jnp.sin(v @ v) @ v,
+                                   policy=jax.checkpoint_policies.nothing_saveable)
+            return jnp.sum(block(w)), {"norm": jnp.sum(w ** 2)}
+        return loss, (jnp.ones((8, 8)),)
     """
 )
 
@@ -74,3 +81,10 @@ def test_usage_errors_exit_2_with_one_line(target, capsys, suffix, extra, match)
     err = capsys.readouterr().err
     assert code == 2
     assert match in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(__import__("jax").default_backend() != "cpu", reason="CPU's CSE")
+def test_has_aux_compiles_the_losss_gradient(target, capsys):
+    """A loss returning (loss, aux): `--has-aux` compiles its gradient (RM005 on CPU)."""
+    assert _cli.main(["lint", f"{target}:with_aux", "--has-aux"]) == 1
+    assert "RM005" in capsys.readouterr().out

@@ -355,6 +355,20 @@ def test_rm005_checkpoint_outside_a_loop_is_undone_on_cpu():
         assert remat.measure(fn, X, repeats=0).recompute_eliminated
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU backend's CSE behaviour")
+def test_rm005_of_a_loss_with_aux_and_a_warning_where_the_gradient_is_not_compiled():
+    loss = checkpointed(cp.nothing_saveable)
+
+    def with_aux(x):
+        return loss(x), {"norm": jnp.sum(x**2)}
+
+    with pytest.warns(remat.RematWarning, match="did not compile the gradient.*has_aux=True"):
+        assert remat.lint(with_aux, X) == []  # RM005 unchecked, and said
+    assert [f.code for f in remat.lint(with_aux, X, has_aux=True)] == ["RM005"]
+    with pytest.raises(ValueError, match=r"has_aux=True, but fn returns .* not a pair"):
+        remat.lint(loss, X, has_aux=True)
+
+
 def test_rm005_not_reported_inside_a_scan():
     ws = jnp.stack([X, X / 2, X / 3])
 
@@ -367,7 +381,8 @@ def test_rm005_not_reported_inside_a_scan():
 
 
 def test_rm005_skipped_without_a_scalar_loss_or_with_measure_false():
-    assert remat.lint(lambda x: jax.checkpoint(layer)(x), X) == []
+    with pytest.warns(remat.RematWarning, match=r"returns .*float32\[.*not a float scalar"):
+        assert remat.lint(lambda x: jax.checkpoint(layer)(x), X) == []
     assert codes(checkpointed(cp.nothing_saveable), X) == []
 
 

@@ -46,6 +46,11 @@ def register(subparsers) -> None:
         action="store_true",
         help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
     )
+    parser.add_argument(
+        "--has-aux",
+        action="store_true",
+        help="fn returns (loss, aux), as for jax.value_and_grad(..., has_aux=True)",
+    )
     add_compile_target(parser)
     parser.set_defaults(func=run)
 
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         findings = lint(
             fn, *fn_args, strategy=args.strategy, measure=not args.no_measure,
-            roll=not args.no_roll, target=target,
+            roll=not args.no_roll, target=target, has_aux=args.has_aux,
         )  # fmt: skip
     except (TypeError, ValueError) as err:
         raise CliError(str(err).splitlines()[0]) from err

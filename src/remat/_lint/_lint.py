@@ -68,6 +68,7 @@ def lint(
     measure: bool = True,
     roll: bool = True,
     target: Any = None,
+    has_aux: bool = False,
 ) -> list[Finding]:
     """Traces ``fn(*args)`` and reports checkpointing mistakes in it.
 
@@ -91,6 +92,8 @@ def lint(
       target: compile for this TPU slice (a `remat.Target` or its name, ``"tpu:v5e:2x2"``):
         the arguments are placed on it as `remat.Target.place` places them (the first one
         as the parameters), so RM005 and RM006 read the TPU compiler's program.
+      has_aux: ``fn`` returns ``(loss, aux)``, as for ``jax.value_and_grad(fn,
+        has_aux=True)``: the gradient compiled for RM005 is the loss's.
 
     Returns:
       The findings (per check, in program order), without duplicates; an empty list when
@@ -116,12 +119,19 @@ def lint(
         args = parse_target(target, "remat.lint").place(args, 0, "remat.lint")
     if not isinstance(measure, bool):
         raise ValueError(_NOT_BOOL_MEASURE.format(got=measure))
+    if not isinstance(has_aux, bool):
+        raise ValueError(f"`remat.lint` got has_aux={has_aux!r}; pass True or False.")
     with compiling_for(compile_device(args)):  # "offload:..." checked against the target
-        return _lint_placed(fn, args, strategy, roll, measure)
+        return _lint_placed(fn, args, strategy, roll, measure, has_aux)
 
 
 def _lint_placed(
-    fn: Callable[..., Any], args: tuple[Any, ...], strategy: Any, roll: bool, measure: bool
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    strategy: Any,
+    roll: bool,
+    measure: bool,
+    has_aux: bool = False,
 ) -> list[Finding]:
     """`lint` on arguments already checked and placed."""
     if strategy is not None:
@@ -145,7 +155,7 @@ def _lint_placed(
     if measure and any(s.loops == 0 for s in checkpoints):
         from ._lint_compiled import check_eliminated
 
-        findings += check_eliminated(fn, args, checkpoints)
+        findings += check_eliminated(fn, args, checkpoints, has_aux)
     return _dedupe(findings)
 
 

@@ -38,8 +38,25 @@ _FIX = {
 _FIX_DEFAULT = "keep prevent_cse=True on checkpoints outside loops, or checkpoint a scan body"
 
 
-def _scalar_output(fn, args) -> bool:
-    out = jax.eval_shape(fn, *args)
+def _loss_of(out, has_aux: bool):
+    """The loss of ``fn``'s output shapes: the first of ``(loss, aux)`` with ``has_aux``."""
+    if not has_aux:
+        return out
+    if isinstance(out, tuple | list) and len(out) == 2:
+        return out[0]
+    raise ValueError(
+        f"`remat.lint` got has_aux=True, but fn returns {_shapes(out)}, not a pair (loss, aux); "
+        "pass has_aux=False."
+    )
+
+
+def _shapes(out) -> str:
+    """``out``'s shapes as JAX prints them: ``float32[4,4]``, in its pytree."""
+    text = jax.tree_util.tree_map(lambda a: f"{a.dtype}[{','.join(map(str, a.shape))}]", out)
+    return str(text).replace("'", "")
+
+
+def _is_scalar(out) -> bool:
     return (
         isinstance(out, jax.ShapeDtypeStruct)
         and out.shape == ()
@@ -47,10 +64,23 @@ def _scalar_output(fn, args) -> bool:
     )
 
 
-def check_eliminated(fn, args: tuple[Any, ...], checkpoints: list[walk.Site]) -> list[Finding]:
-    """Measures ``fn``'s gradient and reports RM005 if the compiler removed recomputation."""
-    if not args or not _scalar_output(fn, args):
-        return []  # measure differentiates a scalar loss; nothing to compile here
+def check_eliminated(
+    fn, args: tuple[Any, ...], checkpoints: list[walk.Site], has_aux: bool = False
+) -> list[Finding]:
+    """Measures ``fn``'s gradient and reports RM005 if the compiler removed recomputation
+    (``has_aux``: ``fn`` returns ``(loss, aux)``, the loss differentiated)."""
+    if not args:
+        return []  # nothing to differentiate
+    out = _loss_of(jax.eval_shape(fn, *args), has_aux)
+    if not _is_scalar(out):  # said, not skipped silently: RM005 needs the gradient
+        aux = "" if has_aux else "; if it returns (loss, aux), pass has_aux=True (--has-aux)"
+        warnings.warn(
+            f"`remat.lint` did not compile the gradient for RM005 (checkpoints the compiler "
+            f"removed): the loss fn returns {_shapes(out)}, not a float scalar{aux}.",
+            RematWarning,
+            stacklevel=4,
+        )
+        return []
     argnums = tuple(i for i, a in enumerate(args) if _inexact(a))
     if not argnums:
         return []  # nothing to differentiate
@@ -58,7 +88,7 @@ def check_eliminated(fn, args: tuple[Any, ...], checkpoints: list[walk.Site]) ->
 
     with warnings.catch_warnings():  # measure warns about what we report as RM005
         warnings.simplefilter("ignore", RematWarning)
-        measurement = measure(fn, *args, argnums=argnums, repeats=0)
+        measurement = measure(fn, *args, argnums=argnums, has_aux=has_aux, repeats=0)
     return findings_from_measurement(measurement, checkpoints)
 
 
