@@ -365,7 +365,10 @@ def test_rm005_of_a_loss_with_aux_and_a_warning_where_the_gradient_is_not_compil
     with pytest.warns(remat.RematWarning, match="did not compile the gradient.*has_aux=True"):
         assert remat.lint(with_aux, X) == []  # RM005 unchecked, and said
     assert [f.code for f in remat.lint(with_aux, X, has_aux=True)] == ["RM005"]
-    with pytest.raises(ValueError, match=r"has_aux=True, but fn returns .* not a pair"):
+    with pytest.raises(
+        ValueError,
+        match=r"`remat.lint` got has_aux=True, so fn must return a pair \(loss, aux\).*it returned float32\[\]",
+    ):
         remat.lint(loss, X, has_aux=True)
 
 

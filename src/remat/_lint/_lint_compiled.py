@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from .._core._dtypes import dtype_of
+from .._core._errors import renamed
 from .._core._warnings import RematWarning
+from .._measure._checks import _is_float_scalar, _loss_shapes, _shapes
 from .._trace import _jaxpr_walk as walk
 from ._findings import Finding
 
@@ -38,32 +40,6 @@ _FIX = {
 _FIX_DEFAULT = "keep prevent_cse=True on checkpoints outside loops, or checkpoint a scan body"
 
 
-def _loss_of(out, has_aux: bool):
-    """The loss of ``fn``'s output shapes: the first of ``(loss, aux)`` with ``has_aux``."""
-    if not has_aux:
-        return out
-    if isinstance(out, tuple | list) and len(out) == 2:
-        return out[0]
-    raise ValueError(
-        f"`remat.lint` got has_aux=True, but fn returns {_shapes(out)}, not a pair (loss, aux); "
-        "pass has_aux=False."
-    )
-
-
-def _shapes(out) -> str:
-    """``out``'s shapes as JAX prints them: ``float32[4,4]``, in its pytree."""
-    text = jax.tree_util.tree_map(lambda a: f"{a.dtype}[{','.join(map(str, a.shape))}]", out)
-    return str(text).replace("'", "")
-
-
-def _is_scalar(out) -> bool:
-    return (
-        isinstance(out, jax.ShapeDtypeStruct)
-        and out.shape == ()
-        and jnp.issubdtype(out.dtype, jnp.floating)
-    )
-
-
 def check_eliminated(
     fn, args: tuple[Any, ...], checkpoints: list[walk.Site], has_aux: bool = False
 ) -> list[Finding]:
@@ -71,8 +47,11 @@ def check_eliminated(
     (``has_aux``: ``fn`` returns ``(loss, aux)``, the loss differentiated)."""
     if not args:
         return []  # nothing to differentiate
-    out = _loss_of(jax.eval_shape(fn, *args), has_aux)
-    if not _is_scalar(out):  # said, not skipped silently: RM005 needs the gradient
+    try:
+        out = _loss_shapes(jax.eval_shape(fn, *args), has_aux)
+    except ValueError as err:
+        raise renamed(err, "`remat.measure`", "`remat.lint`")  # noqa: B904 (`renamed` chains)
+    if not _is_float_scalar(out):  # said, not skipped silently: RM005 needs the gradient
         aux = "" if has_aux else "; if it returns (loss, aux), pass has_aux=True (--has-aux)"
         warnings.warn(
             f"`remat.lint` did not compile the gradient for RM005 (checkpoints the compiler "

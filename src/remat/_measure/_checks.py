@@ -192,16 +192,23 @@ def _check_scalar_of(fn: Callable[..., Any], args: Sequence[Any], has_aux: bool)
     except jax.errors.ConcretizationTypeError as err:
         _note_flags_as_shapes(err, args)
         raise
-    if has_aux:
-        if not isinstance(out, tuple | list) or len(out) != 2:
-            got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
-            raise ValueError(_NOT_PAIR.format(got=got))
-        out = out[0]
+    out = _loss_shapes(out, has_aux)
     if not _is_float_scalar(out):
         got = _shapes(out)
         hint = _AUX_HINT if not has_aux and _looks_like_aux(out) else ""
         raise ValueError(_NOT_SCALAR.format(got=got) + hint)
     return closed
+
+
+def _loss_shapes(out: Any, has_aux: bool) -> Any:
+    """The loss's shapes among ``fn``'s output shapes ``out``: ``out`` itself, or with
+    ``has_aux`` the first of the pair ``(loss, aux)`` (a ValueError for anything else)."""
+    if not has_aux:
+        return out
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        got = jax.tree_util.tree_map(lambda s: f"{s.dtype}{list(s.shape)}", out)
+        raise ValueError(_NOT_PAIR.format(got=got))
+    return out[0]
 
 
 def _shapes(out: Any) -> Any:

@@ -171,12 +171,10 @@ def _naming_lines(values: list[Any]) -> tuple[list[str], list[str]]:
                 "line's result names one of them; name each where it is computed:"
             )
             for x in group:
-                lines.append(
-                    f"        checkpoint_name(y, {x.name!r})  # {x.primitive} {x.dtype}{list(x.shape)}"
-                )
+                lines.append(f"        checkpoint_name(y, {x.name!r})  # {_what(x)}")
                 names.append(x.name)
             continue
-        note = f"  # {v.primitive} {v.dtype}{list(v.shape)}"
+        note = f"  # {_what(v)}"
         if len(group) > 1:
             note += (
                 f"; this line makes {len(group)} of the saved values (a loop in the step): "
@@ -185,6 +183,11 @@ def _naming_lines(values: list[Any]) -> tuple[list[str], list[str]]:
         lines.append(f"    {where}y = checkpoint_name(y, {v.name!r}){note}")
         names.append(v.name)
     return lines, names
+
+
+def _what(v: Any) -> str:
+    """A saved value's operation and type: ``dot_general float32[4]``."""
+    return f"{v.primitive} {v.dtype}{list(v.shape)}"
 
 
 def paste_code(plan: Any) -> str:
