@@ -10,7 +10,6 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from remat._core._budget import MIB
 from remat._measure._measurement import Measurement, Timing
@@ -23,7 +22,7 @@ jax.config.update("jax_enable_x64", False)
 # imports this file first (pytest's, or pytest-xdist's controller, before it starts its workers)
 # makes the folder, hands it to the others in REMAT_TEST_XLA_CACHE, and removes it at exit.
 # An entry read while another worker still writes it fails to load: JAX warns and compiles
-# (`pytest_collection_modifyitems` lets that warning pass). No size limit: JAX's limit scans
+# (`pytest_configure` lets that warning pass). No size limit: JAX's limit scans
 # the whole folder at every write.
 # Memory analysis, cost analysis and HLO text of a cached executable are those of the compile
 # that wrote it. Set REMAT_TEST_COMPILE_CACHE=0 to compile everything afresh.
@@ -38,11 +37,12 @@ if os.environ.get("REMAT_TEST_COMPILE_CACHE", "1") != "0":
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def pytest_collection_modifyitems(items):
-    """Every test lets JAX's warning about a cache entry it could not read pass (above)."""
-    mark = pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
-    for item in items:
-        item.add_marker(mark)
+def pytest_configure(config):
+    """JAX's warning about a cache entry it could not read passes (above), after the
+    configuration's own filters (``error``)."""
+    config.addinivalue_line(
+        "filterwarnings", "ignore:Error reading persistent compilation cache entry"
+    )
 
 
 # (rtol, atol) per dtype: loose enough for reassociation, tight enough to catch a wrong gradient.
