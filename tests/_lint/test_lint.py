@@ -370,6 +370,8 @@ def test_rm005_of_a_loss_with_aux_and_a_warning_where_the_gradient_is_not_compil
         match=r"`remat.lint` got has_aux=True, so fn must return a pair \(loss, aux\).*it returned float32\[\]",
     ):
         remat.lint(loss, X, has_aux=True)
+    with pytest.raises(ValueError, match=r"`remat.lint` got has_aux='yes'; pass True or False"):
+        remat.lint(with_aux, X, has_aux="yes")
 
 
 def test_rm005_not_reported_inside_a_scan():
