@@ -58,6 +58,7 @@ from jax.extend import core as jcore
 
 from .._core._flop_tags import branch_scope
 from ._taps import tapped
+from ._traced import aval_spec, varying
 from ._vjp_order import after as _after
 from ._vjp_order import cotangents, custom_loop
 from ._vjp_order import floating as _floating
@@ -113,7 +114,7 @@ def _saved_names(layer: Callable[..., Any], carry, consts, x) -> tuple[list, lis
                 break
             var = eqn.invars[0]
         names.append(name)
-    return origin, names, [_spec(v.aval) for v in closed.jaxpr.outvars]
+    return origin, names, [v.aval for v in closed.jaxpr.outvars]
 
 
 def one_loop(
@@ -205,9 +206,10 @@ def one_loop(
 
             carry, ys = jax.lax.scan(plain, carry, indices, reverse=reverse)
             return (list(carry), list(ys)), None
-        bufs = [jnp.zeros((int(k.sum()), *s.shape), s.dtype)
+        bufs = [_zeros_of((int(k.sum()), *s.shape), s)
                 for k, s in zip(keeps, saved_specs, strict=True)]  # fmt: skip
-        held = [jnp.zeros((length - 1, *carry[k].shape), carry[k].dtype) for k in carried]
+        held = [_zeros_of((length - 1, *carry[k].shape), jax.typeof(carry[k]))
+                for k in carried]  # fmt: skip
         tables = [jnp.asarray(s) for s in slots]
         at = jnp.asarray(held_at)
 
@@ -385,5 +387,15 @@ _ELEMENTWISE = frozenset({
 })  # fmt: skip
 
 
-def _spec(x: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+def _spec(x: Any) -> Any:
+    """What value ``x`` is traced as (`aval_spec`: inside `jax.shard_map`, a value varying
+    over manual axes is traced as varying)."""
+    return aval_spec(jax.typeof(x))
+
+
+def _zeros_of(shape: tuple[int, ...], aval: Any) -> Any:
+    """Zeros of ``shape`` and ``aval``'s dtype, varying over the manual axes ``aval`` varies
+    over (a loop's buffer must match what is written into it)."""
+    out = jnp.zeros(shape, aval.dtype)
+    axes = tuple(sorted(varying(aval)))
+    return jax.lax.pcast(out, axes, to="varying") if axes else out
