@@ -1,19 +1,20 @@
 """Candidates the search can call over the budget without compiling them: the line that the
 candidates checked alone lie on, in the model's bytes.
 
-The integer program's memory weighs every saved byte alike, and XLA's does not: at
-Llama-3-70B shapes the model weighs a saved value 1.18x its bytes where the scans compiled
-alone keep 2x (a bfloat16 stack beside its float32 copy), so every uniform candidate the
-rounds checked alone lay on one line in the model's predicted bytes, of slope 1.669, to
-0.01 GiB (twenty-six of them, across the budgets of MaxText's presets), and the search for
-a cheaper plan compiled four candidates in a row that the line put 1.4-2.3% over the budget
-(`_search.cheaper_candidate`). `surely_over` fits that line by least squares on at least
-`POINTS` candidates compiled alone and predicts a candidate from it only where it puts the
-candidate over by more than `FLOOR` of the budget and `SAFETY` times the largest distance of
-a point from the line; elsewhere the candidate is compiled as before. The line is no law:
-at Llama-3-8B shapes the points lie up to 1% of the budget off it, at Llama-3.2-1B 3% (two
-save sets of equal predicted bytes compile 0.55 GiB apart), and the line then calls only
-what it puts 4-13% over.
+The integer program weighs every saved byte alike, and XLA does not: at Llama-3-70B shapes
+the model weighs a saved value 1.18x its bytes where the scans compiled alone keep 2x (a
+candidate saving 15.0 GiB more than another compiles alone to 30.0 GiB more), so every
+uniform candidate the planner checked alone lay on one line in the model's predicted bytes,
+of slope 1.669, to 0.002 GiB (thirty-seven save sets, planned at the peaks of MaxText's
+presets), and the search for a cheaper plan compiled four candidates in a row that the line
+put 1.4-2.3% over the budget (`_search.cheaper_candidate`). `surely_over` fits that line
+by least squares on at least `POINTS` candidates compiled alone and predicts a candidate
+from it only where the candidate lies between the points and the line puts it over by more
+than `FLOOR` of the budget and `SAFETY` times the largest distance of a point from the
+line; elsewhere the candidate is compiled as before. The line is no law: at Llama-3-8B
+shapes the points lie up to 0.9% of the budget off it (two save sets of equal predicted
+bytes compile 0.55 GiB apart), at Llama-3.2-1B 3.5%, and the line then calls over only
+what it puts over by four times that.
 
 Only the compile is saved: a candidate called over goes where one compiled over goes (it
 rules out its tier, steps the model back, is kept as missed), so the search visits what it
