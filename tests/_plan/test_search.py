@@ -12,7 +12,7 @@ from types import SimpleNamespace as N
 import pytest
 
 from conftest import mlp_stack
-from remat._plan import _search
+from remat._plan import _line, _search
 from remat._plan._calibrate import prepare
 from remat._plan._compile import peak_of
 from remat._plan._memo import Knowledge
@@ -96,7 +96,7 @@ def _search_fake(monkeypatch, cands, alone, seen_alone, missed=None, guessed=Non
     monkeypatch.setattr(_search, "solve", solve)
     monkeypatch.setattr(_search, "check_alone", check_alone)
     monkeypatch.setattr(_search, "bounded", lambda *_: False)  # no integer program (`_levels`)
-    monkeypatch.setattr(_search, "compiled_alone", lambda *_: False)
+    monkeypatch.setattr(_line, "compiled_alone", lambda *_: False)
     know = N(margin=0.0, measured={}, guessed=set() if guessed is None else guessed)
     found = _search.cheaper_candidate(prep, know, 1000, None, 0.0, [plan], reference=130.0,
                                       band=0.0, seen=(plan.choice, seen_alone),
@@ -147,24 +147,22 @@ def test_a_candidate_over_by_less_than_the_model_has_erred_leaves_its_tier_open(
 
 
 def test_candidates_the_line_of_those_checked_puts_far_over_are_not_compiled(monkeypatch):
-    """`_line.surely_over`: every candidate's scans alone lie on ``alone = 2 * model - 990``
+    """`_line.guess`: every candidate's scans alone lie on ``alone = 2 * model - 990``
     (the model weighs saved bytes half as XLA does). From the plan found (990 by the model
     and alone, budget 1000) the search checks A, B, D and E in turn (C is of B's tier),
     each over the budget. Once the line has `_line.POINTS` points (the plan found, A, B),
     the candidates between them that it puts more than `_line.FLOOR` over (D, E: 4-5%) are
     not compiled: the search visits the same candidates, finds the same (none), and misses
     each at the bytes a compile gives, and `Knowledge.guessed` keeps them off the line."""
-    from remat._plan import _line
-
     model = {"a": 1035.0, "b": 1030.0, "c": 1025.0, "d": 1020.0, "e": 1015.0}
     cands = [_candidate(name, 10.0 + k, x) for k, (name, x) in enumerate(model.items())]
     alone = {name: 2 * x - 990.0 for name, x in model.items()}
     runs = {}
     for line in (False, True):
         if not line:
-            monkeypatch.setattr(_search, "surely_over", lambda *_: None)
+            monkeypatch.setattr(_search, "guess", lambda *_: None)
         else:
-            monkeypatch.setattr(_search, "surely_over", _line.surely_over)
+            monkeypatch.setattr(_search, "guess", _line.guess)
         missed, guessed = [], set()
         found, checked = _search_fake(monkeypatch, cands, alone, 990.0, missed, guessed)
         runs[line] = found, checked, [(c.choices[0].names[0], a) for _, c, a in missed], guessed

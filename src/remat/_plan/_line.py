@@ -27,6 +27,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ._alone import compiled_alone
 from ._memo import choice_key, per_layer
 
 # Candidates compiled alone that a line needs (two always lie on one).
@@ -99,12 +100,12 @@ def surely_over(prep: Any, pairs: Sequence[tuple[Any, float]], guessed: Any, cho
       >>> surely_over(N(base=0.0), pairs, set(), c(490.0), 900.0, 1000.0) is None  # beyond
       True
     """
-    if per_layer(choice):  # its program keeps more than its save sets' (`_search`)
+    if not _plain(choice):
         return None
     points = [
         (prep.base + c.model_bytes, alone)
         for c, alone in pairs
-        if not per_layer(c) and choice_key(c) not in guessed
+        if _plain(c) and choice_key(c) not in guessed
     ]
     line = fit(points)
     if line is None:
@@ -116,3 +117,21 @@ def surely_over(prep: Any, pairs: Sequence[tuple[Any, float]], guessed: Any, cho
     if predicted - limit > max(FLOOR * budget_bytes, SAFETY * line.residual):
         return predicted
     return None
+
+
+def guess(prep: Any, know: Any, solution: Any, choice: Any, pairs: Sequence[tuple[Any, float]],
+          limit: float, budget_bytes: float) -> float | None:  # fmt: skip
+    """`surely_over` for a candidate not yet compiled alone (one that was costs nothing to
+    check), recorded in ``know.guessed`` where it is called over."""
+    alone = surely_over(prep, pairs, know.guessed, choice, limit, budget_bytes)
+    if alone is None or compiled_alone(prep, know, solution, choice):
+        return None
+    know.guessed.add(choice_key(choice))
+    return alone
+
+
+def _plain(choice: Any) -> bool:
+    """One save set in every step of every scan: no per-layer pattern (its program keeps
+    more than its save sets', `_search`) and no `remat.Nested` or `remat.Binomial` schedule
+    (charged beyond the model once checked, `_alone.check_alone`)."""
+    return not per_layer(choice) and all(s.schedule == "per_step" for s in choice.choices.values())

@@ -9,10 +9,10 @@ and when nothing fits the model, single values saved on top of its least-memory 
 
 from __future__ import annotations
 
-from ._alone import check_alone, compile_alone, compiled_alone
+from ._alone import check_alone, compile_alone
 from ._calibrate import Prepared
 from ._levels import bounded, nothing_cheaper
-from ._line import surely_over
+from ._line import guess
 from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, fixed_solution
@@ -144,11 +144,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 prep, know, solution, choice, budget_bytes * (1 + band) - margin)  # fmt: skip
             if alone is None and missed is not None:  # a uniform candidate surely over
                 limit = budget_bytes * (1 + band) - margin + spread  # by the line, no compile
-                alone = surely_over(prep, pairs, know.guessed, choice, limit, budget_bytes)
-                if alone is not None and compiled_alone(prep, know, solution, choice):
-                    alone = None  # checked alone before: its own bytes cost nothing
-                elif alone is not None:
-                    know.guessed.add(choice_key(choice))
+                alone = guess(prep, know, solution, choice, pairs, limit, budget_bytes)
             if alone is None:
                 if missed is None and checks < CHECKS:  # per-layer: the next level's beside
                     ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
