@@ -1,5 +1,5 @@
-"""Candidates the search can call over the budget without compiling them: the line that the
-candidates checked alone lie on, in the model's bytes.
+"""Candidates the rounds and their search can call over the budget without compiling them:
+the line that the candidates checked alone lie on, in the model's bytes.
 
 The integer program weighs every saved byte alike, and XLA does not: at Llama-3-70B shapes
 the model weighs a saved value 1.18x its bytes where the scans compiled alone keep 2x (a
@@ -17,8 +17,9 @@ bytes compile 0.55 GiB apart), at Llama-3.2-1B 3.5%, and the line then calls ove
 what it puts over by four times that.
 
 Only the compile is saved: a candidate called over goes where one compiled over goes (it
-rules out its tier, steps the model back, is kept as missed), so the search visits what it
-visited before.
+rules out its tier, steps the model back, is kept as missed), so the rounds
+(`_rounds._uniform_rounds`, past the margins' spread) and the search visit what they
+visited before (`guess`).
 """
 
 from __future__ import annotations
