@@ -12,7 +12,7 @@ from types import SimpleNamespace as N
 import pytest
 
 from conftest import mlp_stack
-from remat._plan import _search
+from remat._plan import _line, _search
 from remat._plan._calibrate import prepare
 from remat._plan._compile import peak_of
 from remat._plan._memo import Knowledge
@@ -70,10 +70,11 @@ def _candidate(name, flops, model, costly=None):
     return N(recompute_flops=flops, choice=choice, costly=costly or name)
 
 
-def _search_fake(monkeypatch, cands, alone, seen_alone):
+def _search_fake(monkeypatch, cands, alone, seen_alone, missed=None, guessed=None):
     """`cheaper_candidate` at a budget of 1000 bytes over the fake ``cands`` (the cheapest
     that the model puts within a level is solved for), each checked alone at ``alone[name]``,
-    from a plan of 30 FLOPs the model puts at 990 and its scans alone at ``seen_alone``.
+    from a plan of 30 FLOPs the model puts at 990 and its scans alone at ``seen_alone``;
+    ``missed`` and ``guessed`` (`Knowledge.guessed`) are filled in where given.
     Returns what it found and the names checked, in order."""
     plan = _candidate("plan", 30.0, 990.0)
     prep = N(baseline=N(flops=100.0, num_devices=1), base=0.0, nodes=(), weights={},
@@ -95,9 +96,11 @@ def _search_fake(monkeypatch, cands, alone, seen_alone):
     monkeypatch.setattr(_search, "solve", solve)
     monkeypatch.setattr(_search, "check_alone", check_alone)
     monkeypatch.setattr(_search, "bounded", lambda *_: False)  # no integer program (`_levels`)
-    found = _search.cheaper_candidate(prep, N(margin=0.0, measured={}), 1000, None, 0.0, [plan],
-                                      reference=130.0, band=0.0, seen=(plan.choice, seen_alone),
-                                      missed=[])  # fmt: skip
+    monkeypatch.setattr(_line, "compiled_alone", lambda *_: False)
+    know = N(margin=0.0, measured={}, guessed=set() if guessed is None else guessed)
+    found = _search.cheaper_candidate(prep, know, 1000, None, 0.0, [plan], reference=130.0,
+                                      band=0.0, seen=(plan.choice, seen_alone),
+                                      missed=[] if missed is None else missed)  # fmt: skip
     return found, checked
 
 
@@ -141,6 +144,51 @@ def test_a_candidate_over_by_less_than_the_model_has_erred_leaves_its_tier_open(
         monkeypatch, [a, a3, t, p], {"a": 1100.0, "a3": 1100.0, "t": 990.0, "p": 995.0}, 840.0
     )
     assert found == (t, t.choice, 990.0) and checked == ["a", "t"]
+
+
+def test_candidates_the_line_of_those_checked_puts_far_over_are_not_compiled(monkeypatch):
+    """`_line.guess`: every candidate's scans alone lie on ``alone = 2 * model - 990``
+    (the model weighs saved bytes half as XLA does). From the plan found (990 by the model
+    and alone, budget 1000) the search checks A, B, D and E in turn (C is of B's tier),
+    each over the budget. Once the line has `_line.POINTS` points (the plan found, A, B),
+    the candidates between them that it puts more than `_line.FLOOR` over (D, E: 4-5%) are
+    not compiled: the search visits the same candidates, finds the same (none), and misses
+    each at the bytes a compile gives, and `Knowledge.guessed` keeps them off the line."""
+    model = {"a": 1035.0, "b": 1030.0, "c": 1025.0, "d": 1020.0, "e": 1015.0}
+    cands = [_candidate(name, 10.0 + k, x) for k, (name, x) in enumerate(model.items())]
+    alone = {name: 2 * x - 990.0 for name, x in model.items()}
+    runs = {}
+    for line in (False, True):
+        if not line:
+            monkeypatch.setattr(_search, "guess", lambda *_: None)
+        else:
+            monkeypatch.setattr(_search, "guess", _line.guess)
+        missed, guessed = [], set()
+        found, checked = _search_fake(monkeypatch, cands, alone, 990.0, missed, guessed)
+        runs[line] = found, checked, [(c.choices[0].names[0], a) for _, c, a in missed], guessed
+    (found, checked, missed, _), (found_, checked_, missed_, guessed) = runs[False], runs[True]
+    assert found is None and found_ is None
+    assert [m[0] for m in missed] == [m[0] for m in missed_] == checked
+    assert [a for _, a in missed_] == pytest.approx([alone[n] for n, _ in missed])
+    skipped = [n for n in checked if n not in checked_]
+    assert checked_ == [n for n in checked if n not in skipped] and skipped
+    assert checked == ["a", "b", "d", "e"] and skipped == ["d", "e"]
+    assert {k[0][1][0] for k in guessed} == {"d", "e"}
+
+
+def test_a_guessed_candidate_is_no_point_of_the_line():
+    """The line is fitted on candidates compiled alone: one guessed from it (in
+    ``guessed``) is left out, so a guess never confirms the line it came from; with it
+    left out, two points are too few."""
+    from remat._plan._line import surely_over
+    from remat._plan._memo import choice_key
+
+    pairs = [(_candidate(n, 0.0, x).choice, 2 * x) for n, x in (("a", 400.0), ("b", 420.0))]
+    far = (_candidate("c", 0.0, 480.0).choice, 960.0)
+    prep = N(base=0.0)
+    new = _candidate("d", 0.0, 460.0).choice
+    assert surely_over(prep, [*pairs, far], set(), new, 900.0, 1000.0) == 920.0
+    assert surely_over(prep, [*pairs, far], {choice_key(far[0])}, new, 900.0, 1000.0) is None
 
 
 def test_the_rounds_look_above_the_tier_of_a_candidate_found_over(prepared, monkeypatch):

@@ -56,6 +56,15 @@ def scan_terms(prep: Prepared, solution: Solution, o: int) -> tuple[float, float
     return float(stored), float(sliced), float(transient)
 
 
+def compiled_alone(prep: Prepared, know: Knowledge, solution: Solution, choice: Choice) -> bool:
+    """Whether every scan of ``choice`` was compiled alone with its save set (`check_alone`
+    then compiles nothing)."""
+    return all(
+        alone_key(o, choice.choices[prep.infos[prep.cands[o].scan].position]) in know.alone
+        for o in solution.options
+    )
+
+
 def check_alone(
     prep: Prepared, know: Knowledge, solution: Solution, choice: Choice, priced: bool = False
 ) -> tuple[float, bool] | None:

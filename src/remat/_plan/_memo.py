@@ -51,6 +51,9 @@ class Knowledge:
     # outside the scans that the scan-alone programs do not see. Before a plan is verified,
     # the un-checkpointed step's (`Prepared.margin`), or None.
     margin: float | None = None
+    # `choice_key`s of the candidates called over the budget without compiling them
+    # (`_line.guess`): their scan-alone bytes are the line's, never its points.
+    guessed: set[Any] = dataclasses.field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.alone.update(self.prepared.alone)

@@ -35,6 +35,7 @@ from ._calls import near_miss
 from ._compile import STEP, compile_measure, peak_of, tally
 from ._dearer import below_own_recomputation, dearer
 from ._first import InPlace, per_layer_first
+from ._line import guess
 from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
 from ._milp import Solution, solve
 from ._mixes import completed, finding
@@ -268,7 +269,13 @@ def _uniform_rounds(
         elif known is None:
             say(f"checking a candidate on its scans alone (round {rounds + 1})")
             check = check_least if smallest and not looked else check_alone  # `_settled`
-            alone, recharged = check(prep, know, solution, choice)
+            alone, recharged = None, False
+            if not smallest and not looked and checks < CHECKS:  # surely over: no compile
+                limit = budget_bytes - margin + memory_spread(prep, know, first_margin)
+                alone = guess(prep, know, solution, choice, checked_alone(know, missed), limit,
+                              budget_bytes)  # fmt: skip
+            if alone is None:
+                alone, recharged = check(prep, know, solution, choice)
             predicted = int(alone + margin)
             if recharged and checks < CHECKS and not looked:
                 checks += 1

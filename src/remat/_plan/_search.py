@@ -12,6 +12,7 @@ from __future__ import annotations
 from ._alone import check_alone, compile_alone
 from ._calibrate import Prepared
 from ._levels import bounded, nothing_cheaper
+from ._line import guess
 from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, fixed_solution
@@ -141,6 +142,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
             # A per-layer candidate its sibling mixes price surely over or under: no compile.
             alone = None if missed is not None else _priced(
                 prep, know, solution, choice, budget_bytes * (1 + band) - margin)  # fmt: skip
+            if alone is None and missed is not None:  # a uniform candidate surely over
+                limit = budget_bytes * (1 + band) - margin + spread  # by the line, no compile
+                alone = guess(prep, know, solution, choice, pairs, limit, budget_bytes)
             if alone is None:
                 if missed is None and checks < CHECKS:  # per-layer: the next level's beside
                     ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
