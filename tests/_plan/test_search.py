@@ -315,3 +315,48 @@ def test_a_twin_on_the_scans_alone_recomputes_other_costly_values():
     know = N(measured={})
     assert twin(prep, know, a, [a, c, d, b]) is b
     assert twin(prep, know, a, [a, c, d]) is None
+
+
+def test_a_candidate_the_line_calls_over_is_missed_as_one_compiled_over(prepared, monkeypatch):
+    """`_rounds` with `_line.guess`: a uniform candidate the line puts surely over is not
+    compiled alone, and the rounds go on from it as from one compiled over (excluded, the
+    model stepped back): they check the same candidates after it and return the same plan.
+    Run twice on one program: once its first candidate is compiled alone and reported over,
+    once the line calls it over at the same bytes."""
+    from remat._core._budget import read_budget
+    from remat._plan import _rounds
+
+    prep = prepared
+    budget = peak_of(prep.baseline)  # every candidate fits the model: only the checks decide
+    real_check = _rounds.check_alone
+    runs = []
+    for by_line in (False, True):
+        know = Knowledge(prep)
+        checked, guessed = [], []
+        over = budget + EXCESS - (know.margin or 0.0)
+
+        def check_alone(prep_, know_, solution, choice, checked=checked, by_line=by_line,
+                        over=over):  # fmt: skip
+            checked.append(solution.recompute_flops)
+            if len(checked) == 1 and not by_line:  # the first candidate is over
+                return over, False
+            return real_check(prep_, know_, solution, choice)
+
+        def guess(prep_, know_, solution, choice, *rest, guessed=guessed, by_line=by_line,
+                  over=over):  # fmt: skip
+            if by_line and not guessed:  # the line calls the first candidate over
+                guessed.append(solution.recompute_flops)
+                return over
+            return None
+
+        monkeypatch.setattr(_rounds, "check_alone", check_alone)
+        monkeypatch.setattr(_rounds, "guess", guess)
+        monkeypatch.setattr(_rounds, "_ample", lambda *a: False)  # every candidate checked alone
+        p = _rounds.plan_prepared(prep, read_budget(budget), knowledge=know)
+        runs.append((checked, guessed, p))
+    (checked, _, plain), (checked_, guessed, lined) = runs
+    assert len(checked) >= 2 and guessed == checked[:1]  # the same first candidate
+    assert checked_ == checked[1:]  # not compiled alone; the same candidates after it
+    assert lined.scans == plain.scans
+    assert lined.measured.peak_bytes == plain.measured.peak_bytes
+    assert lined.measured.flops == plain.measured.flops
