@@ -145,7 +145,8 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 if missed is None and checks < CHECKS:  # per-layer: the next level's beside
                     ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
                                    prep.base + margin + tight + back, excluded, floor,
-                                   (solution, choice))  # fmt: skip
+                                   (solution, choice),
+                                   budget_bytes * (1 + band) - margin)  # fmt: skip
                 alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
@@ -182,13 +183,25 @@ def _same_tier(prep: Prepared, flops: float, other: float | None) -> bool:
     return other is not None and abs(flops - other) < FLOOR_STEP * prep.baseline.flops
 
 
-def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair):
+def _priced_now(prep, know, solution, choice, limit) -> bool:
+    """Whether `_priced` prices ``choice`` now (so that no compile of it is needed), leaving
+    ``know``'s charges as they were (it is priced again, and charged, in its turn)."""
+    charged = dict(know.option_extra)
+    priced = _priced(prep, know, solution, choice, limit) is not None
+    know.option_extra.clear()
+    know.option_extra.update(charged)
+    return priced
+
+
+def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair,
+           limit):  # fmt: skip
     """Where ``pair`` (a per-layer ``(solution, choice)`` about to be checked alone) fits,
     `cheaper_candidate` next solves at the level after ``relax`` (of ``levels``) for one
     cheaper still: that solve, made now, and its candidate compiled alone beside ``pair``
     (`compile_alone`: one lowers while the other compiles, and both compile at once) when
-    it is a per-layer candidate not yet compiled. Returns ``(level, solution or None)``
-    for the loop to take where ``pair`` fits, or None after the last level."""
+    it is a per-layer candidate not yet compiled, nor priced without a compile (`_priced`,
+    against ``limit``). Returns ``(level, solution or None)`` for the loop to take where
+    ``pair`` fits, or None after the last level."""
     later = [r for r in levels if r > relax]
     if not later:
         return None
@@ -202,6 +215,7 @@ def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, fl
             per_layer(choice)
             and choice_key(choice) not in know.measured
             and step_flops(prep, choice) < step_flops(prep, pair[1]) * (1 - 1e-9)
+            and not _priced_now(prep, know, solution, choice, limit)
         ):
             pairs.append((solution, choice))
     compile_alone(prep, know, pairs)
@@ -209,10 +223,11 @@ def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, fl
 
 
 def _priced(prep, know, solution, choice, limit) -> float | None:
-    """The scan-alone peak of per-layer ``choice`` priced without a compile from the mixes
-    of its save sets compiled alone (`_alone.priced_mix`; its option then charged from that
-    price, as a check would), where that is more than `SURE` over or under ``limit`` (the
-    scan-alone peak that fits); else None (and nothing charged)."""
+    """The scan-alone peak of per-layer ``choice`` priced without a compile from the programs
+    of its save sets compiled alone (`_alone.check_alone`'s ``priced``; its option then
+    charged from that price, as a check would), where that is more than `SURE` over or under
+    ``limit`` (the scan-alone peak that fits), or the least it can keep (`_twolines`) is more
+    than `SURE` over; else None (and nothing charged)."""
     if not per_layer(choice):
         return None
     charged = dict(know.option_extra)
@@ -221,6 +236,10 @@ def _priced(prep, know, solution, choice, limit) -> float | None:
         return priced[0]
     know.option_extra.clear()  # compiled alone next, and charged from that
     know.option_extra.update(charged)
+    # The least it can keep (`_twolines`) clearly over: no compile, and nothing charged.
+    least = check_alone(prep, know, solution, choice, priced=True, least=True)
+    if least is not None and least[0] - limit > SURE * abs(limit):
+        return least[0]
     return None
 
 
