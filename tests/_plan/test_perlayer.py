@@ -336,7 +336,7 @@ def test_a_mix_is_priced_from_two_others_of_its_sets_compiled_alone(stack):
 def test_a_mix_keeps_the_larger_of_two_lines_of_its_sets(stack):
     """A mix's scan-alone memory is the larger of two lines through the memories of its two
     sets in every layer (`_twolines`): with both sets compiled alone as one run, every mix
-    whose last run has two layers or more is priced within 16 KB of its compile, the same
+    whose last run has two layers or more is priced within 16 KiB of its compile, the same
     from two mixes compiled alone (each of whose sets' lines lies below the other's memory),
     and with one set known its line is a floor; a lone last layer (an inlined loop) is not
     priced."""

@@ -22,7 +22,7 @@ from ._twolines import lone_last, sets_of
 # again, once checked alone, when its own differs by more than this fraction of the scan's.
 RECHARGE = 0.01
 # A mix is priced where the floor and ceiling its sets' memories give it are this close
-# (`_twolines`: the larger line matched the compiles to within 16 KB).
+# (`_twolines`: the larger line matched the compiles to within 20 KiB).
 MEET = 1e-6
 
 

@@ -10,11 +10,11 @@ memory of the set in every layer as segments (one run), the mix keeps the larger
     U_a - (L - c) * (S_a - S_b)     and     U_b - c * S_b,
 
 which is not the line through the two sets (`_alone.priced_mix`'s): a mix can keep less than
-either set in every layer. Compiled alone, every mix of the vs_torch GPT's and MLP stack's
-fronts (`benchmarks/perlayer_predict.py`: 330 mixes whose last run has two layers or more) is
-this larger line to within 16 KB. A last run of one layer is not: XLA inlines a loop of one
-step, and its working set is then scheduled with the other run's (off by up to 7.5 MiB on
-the GPT), so such mixes are neither priced nor used to price (`lone_last`).
+either set in every layer. Every mix whose last run has two layers or more that
+`benchmarks/perlayer_predict.py` compiles alone (on the fronts of the vs_torch GPT and MLP
+stack) is this larger line to within 20 KiB, where the line through the two sets is off by
+up to 7.62 MiB. A last run of one layer is not: XLA inlines a loop of one step, so such
+mixes are neither priced nor used to price (`lone_last`).
 
 ``U`` is learnt per save set, so one mix compiled alone tells about every mix sharing a set
 with it: a one-run program gives its set's ``U``; a mix gives upper bounds on both its sets'
@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 # A set's line lies below a mix's memory (so the other set's line is the mix's) when it does
-# by more than this fraction of that memory: the larger line matched the compiles to 16 KB.
+# by more than this fraction of that memory: the larger line matched the compiles to 20 KiB.
 BELOW = 1e-3
 
 
