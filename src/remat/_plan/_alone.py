@@ -21,9 +21,6 @@ from ._twolines import lone_last, sets_of
 # A per-layer option charged its sibling's extra memory (`_perlayer.shared_extra`) is solved
 # again, once checked alone, when its own differs by more than this fraction of the scan's.
 RECHARGE = 0.01
-# A mix is priced where the floor and ceiling its sets' memories give it are this close
-# (`_twolines`: the larger line matched the compiles to within 20 KiB).
-MEET = 1e-6
 
 
 def charged_options(prep: Prepared, know: Knowledge) -> tuple[Option, ...]:
@@ -133,12 +130,11 @@ def _price(prep: Prepared, know: Knowledge, o: int, scan_choice: Any, least: boo
     pattern = prep.cands[o].pattern
     if not pattern:
         return None
-    low, high = sets_of(prep, know, o).bounds(pattern)
+    sets = sets_of(prep, know, o)
     if least:
-        return low
-    if low is not None and high is not None and high - low <= MEET * high:
-        return high
-    return priced_mix(prep, know, o, scan_choice)
+        return sets.bounds(pattern)[0]
+    price = sets.price(pattern)
+    return price if price is not None else priced_mix(prep, know, o, scan_choice)
 
 
 def priced_mix(prep: Prepared, know: Knowledge, o: int, scan_choice: Any) -> float | None:

@@ -31,6 +31,8 @@ from typing import Any
 # A set's line lies below a mix's memory (so the other set's line is the mix's) when it does
 # by more than this fraction of that memory: the larger line matched the compiles to 20 KiB.
 BELOW = 1e-3
+# A mix is priced where its floor and ceiling are this close (the same line, learnt twice).
+MEET = 1e-6
 
 
 def _runs(pattern) -> list[tuple[Any, int]]:
@@ -143,7 +145,9 @@ class Sets:
     def price(self, pattern) -> float | None:
         """The memory of ``pattern`` where its floor and ceiling meet (`bounds`), else None."""
         low, high = self.bounds(pattern)
-        return high if low is not None and high is not None and high - low < 1e-6 * high else None
+        if low is None or high is None or abs(high - low) > MEET * high:
+            return None  # unknown, or what was learnt disagrees with itself
+        return high
 
     def bounds(self, pattern) -> tuple[float | None, float | None]:
         """``(floor, ceiling)`` of ``pattern``'s memory (either None where unknown)."""
