@@ -333,6 +333,55 @@ def test_a_mix_is_priced_from_two_others_of_its_sets_compiled_alone(stack):
     assert priced_mix(prep, know, 2, alternate) is None
 
 
+def test_a_mix_keeps_the_larger_of_two_lines_of_its_sets(stack):
+    """A mix's scan-alone memory is the larger of two lines through the memories of its two
+    sets in every layer (`_twolines`): with both sets compiled alone as one run, every mix
+    whose last run has two layers or more is priced within 16 KiB of its compile, the same
+    from two mixes compiled alone (each of whose sets' lines lies below the other's memory),
+    and with one set known its line is a floor; a lone last layer (an inlined loop) is not
+    priced."""
+    from remat._plan._alone import compile_alone
+    from remat._plan._calibrate import prepare
+    from remat._plan._memo import Knowledge
+    from remat._plan._milp import Solution
+    from remat._plan._twolines import sets_of
+
+    loss, args = stack
+    prep = prepare(loss, args, 0, True, per_layer=True)
+    mixes = {o: c.pattern for o, c in enumerate(prep.cands) if c.pattern}
+    know = Knowledge(prep)
+
+    def solution(o):
+        return Solution(saved=frozenset(), recomputed=frozenset(), recompute_flops=0.0,
+                        saved_bytes=0, transient_bytes=0, options=(o,))  # fmt: skip
+
+    compile_alone(prep, know, [(solution(o), prep.decode(solution(o))) for o in mixes])
+    memory = {mixes[key[0]]: v for key, v in know.alone.items() if key[0] in mixes}
+    runs = {o: len(dict.fromkeys(p)) for o, p in mixes.items()}
+    last = {o: sum(s == p[-1] for s in p) for o, p in mixes.items()}
+    one_run = [o for o in mixes if runs[o] == 1]
+    two = [o for o in mixes if runs[o] == 2 and last[o] >= 2]
+    assert len(one_run) == 2 and len(two) == 6
+    kb16 = 16 * 1024
+
+    def knowing(options):
+        known = Knowledge(prep)
+        known.alone = {k: v for k, v in know.alone.items() if k[0] in options}
+        return known
+
+    for given in (one_run, [two[0], two[-1]]):
+        known = knowing(given)
+        for o in two:
+            low, high = sets_of(prep, known, o).bounds(mixes[o])
+            assert abs(low - memory[mixes[o]]) < kb16 and abs(high - memory[mixes[o]]) < kb16
+    more = next(o for o in one_run if len(mixes[o][0]) == 2)  # the set saving more
+    for o in two:
+        low, high = sets_of(prep, knowing([more]), o).bounds(mixes[o])
+        assert high is None and low <= memory[mixes[o]] + kb16
+    (lone,) = [o for o in mixes if runs[o] == 2 and last[o] == 1]
+    assert sets_of(prep, knowing(one_run), lone).bounds(mixes[lone]) == (None, None)
+
+
 def _first_plan(loss, args, budget, monkeypatch, over=False, first_over=False):
     """A program's first per-layer plan (an empty `_memo`); with ``over``, every per-layer
     step compiled in the uniform candidate's place measures a byte over the budget (with

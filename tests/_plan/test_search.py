@@ -360,3 +360,36 @@ def test_a_candidate_the_line_calls_over_is_missed_as_one_compiled_over(prepared
     assert lined.scans == plain.scans
     assert lined.measured.peak_bytes == plain.measured.peak_bytes
     assert lined.measured.flops == plain.measured.flops
+
+
+def test_one_solve_rules_out_the_per_layer_levels_below_the_models_error(monkeypatch):
+    """A per-layer search from a candidate the model puts over what its scans alone keep
+    (levels below that error, then above it): one solve at the highest level below the error
+    that finds nothing cheaper, or nothing, rules out every level below it, since what fits a
+    budget fits every larger one; a cheaper answer there, or a uniform one (a per-layer
+    search charges uniform options more, so it answers one only where no mix fits), rules
+    out nothing, and fewer than two levels below the error are not probed."""
+    solved = []
+    answer = {}
+
+    def solve(nodes, budget, **kw):
+        solved.append(budget)
+        return answer["solution"]
+
+    monkeypatch.setattr(_search, "solve", solve)
+    prep = N(nodes=[], weights={}, baseline=N(flops=100.0, num_devices=1),
+             decode=lambda s: N(flops=s.flops, choices={0: N(pattern=s.pattern)}))  # fmt: skip
+    levels = [0.0, 0.04, 0.08, 0.1, 0.14, 0.18]
+    cases = [
+        (N(flops=30.0, pattern=("a",)), [0.1, 0.14, 0.18]),  # as dear as the reference
+        (None, [0.1, 0.14, 0.18]),  # nothing fits there
+        (N(flops=20.0, pattern=("a",)), levels),  # a cheaper mix
+        (N(flops=20.0, pattern=()), levels),  # a uniform candidate
+    ]
+    for solution, left in cases:
+        answer["solution"], solved[:] = solution, []
+        got = _search._above_nothing(prep, 1000, [], levels, 0.1, 130.0, 0.0, [], None)
+        assert got == left and solved == [1080.0]
+    answer["solution"], solved[:] = None, []
+    assert _search._above_nothing(prep, 1000, [], levels, 0.03, 130.0, 0.0, [], None) == levels
+    assert solved == []  # one level below the error: nothing to save

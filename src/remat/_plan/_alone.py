@@ -16,6 +16,7 @@ from ._milp import Option, Solution, materialised
 from ._options import Choice, alone_key
 from ._perlayer import shared_extra
 from ._phases import contribution as phase_contribution
+from ._twolines import lone_last, sets_of
 
 # A per-layer option charged its sibling's extra memory (`_perlayer.shared_extra`) is solved
 # again, once checked alone, when its own differs by more than this fraction of the scan's.
@@ -66,7 +67,12 @@ def compiled_alone(prep: Prepared, know: Knowledge, solution: Solution, choice: 
 
 
 def check_alone(
-    prep: Prepared, know: Knowledge, solution: Solution, choice: Choice, priced: bool = False
+    prep: Prepared,
+    know: Knowledge,
+    solution: Solution,
+    choice: Choice,
+    priced: bool = False,
+    least: bool = False,
 ) -> tuple[float, bool] | None:
     """The step's peak predicted for ``choice`` from each of its scans compiled alone (before
     the memory outside the scans is known: add ``know.margin``), and whether a schedule got
@@ -78,8 +84,10 @@ def check_alone(
     program calibrated on compiled steps) the model's own prediction is returned.
 
     With ``priced``, nothing is compiled: a scan not compiled alone with its choice is priced
-    from the other mixes of its two save sets compiled alone (`priced_mix`), and None is
-    returned (and nothing recorded) where one cannot be.
+    from the memories its save sets showed in the programs compiled alone (`_twolines`),
+    else from the other mixes of its two save sets (`priced_mix`), and None is returned (and
+    nothing recorded) where one cannot be. With ``least`` too, each such scan counts the
+    least it can keep (`_twolines.Sets.bounds`), and nothing is recorded.
     """
     if not prep.scan_fits:
         return prep.base + choice.model_bytes, False
@@ -99,9 +107,12 @@ def check_alone(
     for o in solution.options:
         scan_choice = choice.choices[prep.infos[prep.cands[o].scan].position]
         known = know.alone.get(alone_key(o, scan_choice))
-        contributions[o] = known if known is not None else priced_mix(prep, know, o, scan_choice)
+        contributions[o] = known if known is not None else _price(prep, know, o, scan_choice,
+                                                                   least)  # fmt: skip
         if contributions[o] is None:
             return None
+    if least:
+        return total + sum(contributions.values()), False
     for o in solution.options:
         cand = prep.cands[o]
         fit = fits[cand.scan]
@@ -119,6 +130,20 @@ def check_alone(
             )
         total += contribution
     return total, recharged
+
+
+def _price(prep: Prepared, know: Knowledge, o: int, scan_choice: Any, least: bool) -> float | None:
+    """Per-layer option ``o``'s scan-alone contribution without a compile (`check_alone`'s
+    ``priced``): where its sets' memories learnt so far meet on it (`_twolines`), else on
+    the line through two mixes of its sets (`priced_mix`); with ``least``, its floor."""
+    pattern = prep.cands[o].pattern
+    if not pattern:
+        return None
+    sets = sets_of(prep, know, o)
+    if least:
+        return sets.bounds(pattern)[0]
+    price = sets.price(pattern)
+    return price if price is not None else priced_mix(prep, know, o, scan_choice)
 
 
 def priced_mix(prep: Prepared, know: Knowledge, o: int, scan_choice: Any) -> float | None:
@@ -142,13 +167,16 @@ def priced_mix(prep: Prepared, know: Knowledge, o: int, scan_choice: Any) -> flo
       80.0
     """
     pattern = scan_choice.pattern
-    if not pattern:
+    if not pattern or lone_last(pattern):  # a loop of one step: off the line (`_twolines`)
         return None
     scan, rest = prep.cands[o].scan, alone_key(o, scan_choice)[2:4]  # offload, schedule
     known = [
         (key[4], contribution)
         for key, contribution in know.alone.items()
-        if prep.cands[key[0]].scan == scan and key[2:4] == rest and len(key[4]) == len(pattern)
+        if prep.cands[key[0]].scan == scan
+        and key[2:4] == rest
+        and len(key[4]) == len(pattern)
+        and not lone_last(key[4])
     ]
     first, last = pattern[0], pattern[-1]
     if first != last:

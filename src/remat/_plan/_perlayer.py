@@ -35,10 +35,12 @@ FLOPs the smaller peak is returned.
 
 What a mix's program keeps beyond this model is charged to the option the first time one of
 its scan's mixes is checked alone (`_alone.check_alone`), and from then on to the others
-(`shared_extra`). Each layer moved from one set of a mix to the other changes the scan-alone
-program's memory by as much, so once two mixes of the same two sets are checked alone, the
-others are priced on their line, and one priced clearly over or under the budget is not
-compiled (`_alone.priced_mix`, `_search.cheaper_candidate`).
+(`shared_extra`). A mix's scan-alone memory is the larger of two lines through what each of
+its sets keeps in every layer (`_twolines`), learnt per set from every program compiled
+alone, so one mix checked alone tells about every mix sharing a set with it; else, once two
+mixes of the same two sets are checked alone, the others are priced on their line. One
+priced clearly over or under the budget, or whose least is clearly over, is not compiled
+(`_alone.check_alone`, `_search.cheaper_candidate`).
 
 A decoded per-layer choice records the save set of each layer (`ScanPlan.pattern`).
 """

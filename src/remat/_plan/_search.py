@@ -80,12 +80,15 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     checked before price more than `SURE` from the budget is not compiled (`_priced`).
     With ``solved`` (``reference`` is the fewest FLOPs a solve found at the budget, with
     ``excluded`` less its last, the candidate solved), the first level is not solved again
-    where it cannot find anything cheaper (`_levels`).
+    where it cannot find anything cheaper (`_levels`); a per-layer search rules out the
+    levels below the model's error on ``seen`` with one solve where it can
+    (`_above_nothing`).
     """
     if reference <= prep.baseline.flops * (1 + 1e-9):
         return None  # nothing recomputes less than nothing
     margin = know.margin or 0.0
     levels = set(RELAX)
+    error = 0.0
     if seen is not None:
         choice, alone = seen
         error = (prep.base + choice.model_bytes - alone + tight) / budget_bytes
@@ -100,6 +103,9 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     back = 0.0  # bytes the model is stepped back by the candidates found over
     # ``above``: recompute FLOPs of the cheapest candidate found over the budget.
     levels = sorted(levels)
+    if missed is None:  # per-layer: the levels below the model's error on ``seen`` at once?
+        levels = _above_nothing(prep, budget_bytes, options, levels, error, reference,
+                                prep.base + margin + tight, excluded, above_floor(prep, above))  # fmt: skip
     ahead = None  # (level, its solve) made while a per-layer check compiled (`_ahead`)
     # Once a floor is set, the levels left may be ended by one solve at the highest
     # (`_levels`): where three or more are left, and once per state of the search.
@@ -149,7 +155,8 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 if missed is None and checks < CHECKS:  # per-layer: the next level's beside
                     ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
                                    prep.base + margin + tight + back, excluded, floor,
-                                   (solution, choice))  # fmt: skip
+                                   (solution, choice),
+                                   budget_bytes * (1 + band) - margin)  # fmt: skip
                 alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
@@ -181,18 +188,53 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     return found
 
 
+def _above_nothing(prep, budget_bytes, options, levels, error, reference, fixed, excluded,
+                   floor) -> list[float]:  # fmt: skip
+    """``levels`` less those below the model's error ``error`` (on the candidate the search
+    starts from) where one solve at the highest of them, two or more, finds no per-layer
+    candidate cheaper than ``reference``: what fits a budget fits every larger one, and a
+    per-layer candidate's objective is its FLOPs (the uniform options a per-layer search
+    charges more, `_first.per_layer_first`, are what it returns only where no mix fits, so
+    only a per-layer answer, or none, rules the levels below out). On the vs_torch GPT at
+    25% the model puts the uniform candidate a per-layer search must beat 14% over what its
+    scans alone keep, and no mix below that level is cheaper: one solve instead of three."""
+    below = [r for r in levels if r < error]
+    if len(below) < 2:
+        return levels
+    solution = solve(prep.nodes, budget_bytes * (1 + below[-1]), options=options,
+                     fixed_bytes=fixed, exclude=excluded, **prep.weights,
+                     min_flops=floor)  # fmt: skip
+    if solution is not None:
+        choice = prep.decode(solution)
+        if not per_layer(choice) or step_flops(prep, choice) < reference * (1 - 1e-9):
+            return levels
+    return [r for r in levels if r > below[-1]]
+
+
 def _same_tier(prep: Prepared, flops: float, other: float | None) -> bool:
     """Whether recompute FLOPs ``flops`` and ``other`` are one tier (`FLOOR_STEP`)."""
     return other is not None and abs(flops - other) < FLOOR_STEP * prep.baseline.flops
 
 
-def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair):
+def _priced_now(prep, know, solution, choice, limit) -> bool:
+    """Whether `_priced` prices ``choice`` now (so that no compile of it is needed), leaving
+    ``know``'s charges as they were (it is priced again, and charged, in its turn)."""
+    charged = dict(know.option_extra)
+    priced = _priced(prep, know, solution, choice, limit) is not None
+    know.option_extra.clear()
+    know.option_extra.update(charged)
+    return priced
+
+
+def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair,
+           limit):  # fmt: skip
     """Where ``pair`` (a per-layer ``(solution, choice)`` about to be checked alone) fits,
     `cheaper_candidate` next solves at the level after ``relax`` (of ``levels``) for one
     cheaper still: that solve, made now, and its candidate compiled alone beside ``pair``
     (`compile_alone`: one lowers while the other compiles, and both compile at once) when
-    it is a per-layer candidate not yet compiled. Returns ``(level, solution or None)``
-    for the loop to take where ``pair`` fits, or None after the last level."""
+    it is a per-layer candidate not yet compiled, nor priced without a compile (`_priced`,
+    against ``limit``). Returns ``(level, solution or None)`` for the loop to take where
+    ``pair`` fits, or None after the last level."""
     later = [r for r in levels if r > relax]
     if not later:
         return None
@@ -206,6 +248,7 @@ def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, fl
             per_layer(choice)
             and choice_key(choice) not in know.measured
             and step_flops(prep, choice) < step_flops(prep, pair[1]) * (1 - 1e-9)
+            and not _priced_now(prep, know, solution, choice, limit)
         ):
             pairs.append((solution, choice))
     compile_alone(prep, know, pairs)
@@ -213,10 +256,11 @@ def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, fl
 
 
 def _priced(prep, know, solution, choice, limit) -> float | None:
-    """The scan-alone peak of per-layer ``choice`` priced without a compile from the mixes
-    of its save sets compiled alone (`_alone.priced_mix`; its option then charged from that
-    price, as a check would), where that is more than `SURE` over or under ``limit`` (the
-    scan-alone peak that fits); else None (and nothing charged)."""
+    """The scan-alone peak of per-layer ``choice`` priced without a compile from the programs
+    of its save sets compiled alone (`_alone.check_alone`'s ``priced``; its option then
+    charged from that price, as a check would), where that is more than `SURE` over or under
+    ``limit`` (the scan-alone peak that fits), or the least it can keep (`_twolines`) is more
+    than `SURE` over; else None (and nothing charged)."""
     if not per_layer(choice):
         return None
     charged = dict(know.option_extra)
@@ -225,6 +269,10 @@ def _priced(prep, know, solution, choice, limit) -> float | None:
         return priced[0]
     know.option_extra.clear()  # compiled alone next, and charged from that
     know.option_extra.update(charged)
+    # The least it can keep (`_twolines`) clearly over: no compile, and nothing charged.
+    least = check_alone(prep, know, solution, choice, priced=True, least=True)
+    if least is not None and least[0] - limit > SURE * abs(limit):
+        return least[0]
     return None
 
 
