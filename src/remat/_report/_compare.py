@@ -188,7 +188,8 @@ def compare(
                         has_aux=has_aux,
                         optimizer=optimizer,
                         roll=roll,
-                        override=override,
+                        # the "none" row is the program as written, its checkpoints kept
+                        override=override and strategy_label(strategy) != "none",
                     ),
                 )
             )
