@@ -25,6 +25,14 @@ TARGET = textwrap.dedent(
 
     def not_a_pair():
         return 42
+
+    def printing_layers():  # layers in a Python loop, each with a jax.debug.print: none rolls
+        def loss(ws, x):
+            for w in ws:
+                x = jnp.tanh(x @ w)
+                jax.debug.print("{}", x[0, 0])
+            return jnp.sum(x)
+        return loss, ([jnp.ones((4, 4)) * 0.1] * 3, jnp.ones((2, 4)))
     """
 )
 # command -> extra arguments it needs to run
@@ -125,6 +133,14 @@ def test_plan_infeasible_budget_exits_1_with_one_line(capsys, target):
     code, _, err = _run(capsys, ["plan", f"{target}:make", "--budget", "1%"])
     assert code == 1
     assert err.count("\n") == 1 and "cannot fit" in err and "Traceback" not in err
+
+
+def test_plan_of_a_program_with_nothing_to_plan_exits_1_with_one_line(capsys, target):
+    # the arguments are right; the program cannot be planned (as an infeasible budget)
+    code, _, err = _run(capsys, ["plan", f"{target}:printing_layers", "--budget", "50%"])
+    assert code == 1
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "no repeated layers to roll" in err and "side effect" in err
 
 
 def test_plan_bad_budget_exits_2_with_one_line(capsys, target):

@@ -86,6 +86,9 @@ def test_bad_strategies_fail_before_anything_compiles(monkeypatch):
         remat.compare(fn, 1.0, strategies=["full", "fulll"])
     with pytest.raises(TypeError, match="expected a list"):
         remat.compare(fn, 1.0, strategies="full")
+    for empty in ([], {}):  # a report of the baseline alone compares nothing
+        with pytest.raises(ValueError, match=r"`remat.compare` got strategies=.*nothing to"):
+            remat.compare(fn, 1.0, strategies=empty)
 
 
 def test_strategy_labels():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -190,3 +191,47 @@ def test_a_scan_inside_a_checkpoint_is_left_as_written():
 def test_apply_rejects_a_non_bool_override():
     with pytest.raises(TypeError, match="override=1"):
         remat.apply(lambda x: x, "full", override=1)
+
+
+def without_checkpoints(kind):
+    """The model of ``kind``'s plain-JAX twin written without its checkpoint."""
+    _, ws, x = plain_model()
+
+    def loss(ws, x):
+        return jnp.sum(jax.lax.scan(plain_layer, x, ws)[0] ** 2)
+
+    return loss, ws, x
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_override_with_none_removes_them(kind):
+    loss, params, x = MODELS[kind]()
+    plain = remat.apply(loss, "none", override=True)  # the program without its checkpoints
+    assert_tree_allclose(jax.value_and_grad(plain)(params, x), jax.value_and_grad(loss)(params, x))
+    assert checkpoint_sites(jax.make_jaxpr(plain)(params, x).jaxpr) == ()
+    assert peak(plain, params, x) > peak(loss, params, x)  # h2 is kept at every step again
+    if kind == "plain":  # the same compiled step as the model written without it
+        twin, ws, x = without_checkpoints(kind)
+        assert peak(plain, params, x) == peak(twin, ws, x)
+    assert remat.apply(loss, "none") is loss  # kept: nothing to rewrite
+
+
+def test_saves_nothing_compares_with_the_program_without_any_checkpoint():
+    # A strategy on a program that checkpoints already: the user's scan is kept as written
+    # and a second, small scan is checkpointed (more FLOPs, about the same peak). The twin
+    # "without checkpoints" is the program without the user's checkpoint too, whose peak is
+    # far higher, so the checkpoints do save memory: no "save no memory" warning.
+    loss, ws, x = plain_model()
+
+    def two(ws, x):
+        tail = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x[:2, :], ws["w1"][..., :D])
+        return loss(ws, x) + jnp.sum(tail[0])
+
+    twin, _, _ = without_checkpoints("plain")
+    assert peak(twin, ws, x) > 1.05 * peak(two, ws, x)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        m = remat.measure(two, ws, x, strategy="full", repeats=0)
+    messages = [str(w.message) for w in record]
+    assert m.scans_as_written == 1 and m.scans_applied == 1
+    assert not [w for w in messages if "save no memory" in w], messages

@@ -279,6 +279,31 @@ def test_list_scans_positions_names_sources():
     assert scans[0].source.endswith(f":{enc_line}")
 
 
+def test_a_scan_without_a_named_scope_is_named_after_the_users_step_function():
+    nnx_loss, state = nnx_stack(L, D)  # nnx.scan over ``def run(h, block)``
+    ws, x = mlp_args()
+
+    def loss(ws, x):
+        def layer(h, w):
+            return jnp.tanh(h @ w), None
+
+        h = lax.scan(layer, x, ws)[0]
+        h = lax.scan(lambda h, w: (h @ w, None), h, ws)[0]  # a lambda: no name
+        return jnp.sum(lax.map(jnp.sin, h))  # lax.map's step is JAX's own: no name
+
+    assert [s.name for s in remat.list_scans(nnx_loss, state, x)] == ["run"]
+    assert [(s.name, s.path) for s in remat.list_scans(loss, ws, x)] == [
+        ("layer", ()),
+        ("", ()),
+        ("", ()),
+    ]
+    selected = remat.apply(loss, remat.Strategy("full", scans=("layer",)))  # by the name
+    check_twin(loss, selected, ws, x)
+    first = remat.apply(loss, remat.Strategy("full", scans=(0,)))
+    kept = [n_residuals(f, ws, x, shape=(L, B, D)) for f in (loss, selected, first)]
+    assert kept == [4, 2, 2], kept  # the first scan keeps its carries only (3 -> 1)
+
+
 @pytest.mark.parametrize(
     ("scans", "widths"),
     [((0,), {3}), (("enc",), {3}), (("dec",), {5}), ((2,), {5}), (("dec/inner",), {5})],

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     check_folder(args.out, ("plan.json",), "--out")
     fn, fn_args = load_target(args.target)
     from .._plan._plan import plan  # after the cheap checks: a bad target fails fast
-    from .._plan._result import InfeasibleBudget
+    from .._plan._result import InfeasibleBudget, NothingToPlan
 
     try:
         p = plan(
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             roll=not args.no_roll,
             target=target,
         )
-    except InfeasibleBudget as err:
+    except (InfeasibleBudget, NothingToPlan) as err:
         raise CliError(str(err).replace("`", ""), EXIT_INFEASIBLE) from err
     except ValueError as err:
         raise CliError(str(err).replace("`", ""), EXIT_USAGE) from err

@@ -365,9 +365,12 @@ def _measure_step(
     if not requested:
         _remember(_memo_key(target, spec, args), (flops, memory["peak_bytes"]))
     else:
-        key = _memo_key(plain if plain is not None else target, spec, args)
-        if plain is None:
-            plain, key = strip_checkpoints(target), key and (*key, "stripped")
+        # The same program without any checkpoint: `fn` itself under a strategy, unless `fn`
+        # checkpoints already (its own checkpoints, kept or not, are no part of that twin).
+        source = target if plain is None else fn
+        key = _memo_key(source, spec, args)
+        if plain is None or recompute_requested(jax.make_jaxpr(fn)(*args).jaxpr):
+            plain, key = strip_checkpoints(source), key and (*key, "stripped")
         plain_step = grad_step(plain, spec)
         remembered = _FLOPS_MEMO.get(key) if key is not None else None
         if remembered is None:
@@ -414,8 +417,9 @@ def _measure_step(
             stacklevel=3,
         )
 
-    if plain is not None:
-        _warn_if_worse(fn, args, spec, memory["peak_bytes"], plain_peak, label, name)
+    if strategy is not None:  # `plain_peak` is the peak as written only where `fn` is plain
+        written_peak = plain_peak if plain is fn else None
+        _warn_if_worse(fn, args, spec, memory["peak_bytes"], written_peak, label, name)
     seconds = time_step(compiled, args, spec, repeats) if repeats > 0 else None
     return build_measurement(
         compiled,

@@ -72,6 +72,12 @@ _NO_OPTIMIZER = (
 )
 
 
+class NothingToPlan(ValueError):
+    """`remat.plan` found no scan to plan: the program has none of its own and no repeated
+    layers to roll into one (the message says why). A `ValueError`; the CLI exits 1 on it, as
+    on `InfeasibleBudget`: the arguments were right, the program cannot be planned."""
+
+
 class InfeasibleBudget(ValueError):
     """No plan fits the memory budget (raised by `remat.plan`; public as `remat.InfeasibleBudget`).
 

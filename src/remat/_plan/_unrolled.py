@@ -43,7 +43,7 @@ from .._trace._roll_rewrite import roll_unscanned
 from ._calibrate import prepare
 from ._compile import compile_measure, peak_of
 from ._memo import Knowledge
-from ._result import InfeasibleBudget, Plan, fingerprint
+from ._result import InfeasibleBudget, NothingToPlan, Plan, fingerprint
 from ._rounds import plan_prepared
 
 _NOTHING_ROLLS = (
@@ -86,14 +86,15 @@ def plan_unrolled(
     the bytes saved (`remat.plan`'s; the program as written is then never the plan).
 
     Raises:
-      ValueError: when the program has no repeated layers to roll (with the reason).
+      NothingToPlan: (a `ValueError`) when the program has no repeated layers to roll (with
+        the reason).
     """
     if not isinstance(argnums, Step):  # a `Step`: aux outputs, or an optimizer's step
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
     closed = jax.make_jaxpr(fn)(*args)
     if not lifted_runs(closed)[1]:
         name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
-        raise ValueError(_NOTHING_ROLLS.format(name=name, why=explain_no_roll(closed)))
+        raise NothingToPlan(_NOTHING_ROLLS.format(name=name, why=explain_no_roll(closed)))
     say = progress or (lambda _: None)
     say("compiling the program as written")
     try:

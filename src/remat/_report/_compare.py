@@ -19,6 +19,11 @@ _DUPLICATE = (
     "`remat.compare` got two strategies labelled {label!r}; pass a dict {{label: strategy}} "
     "to give them distinct labels."
 )
+_NO_STRATEGIES = (
+    "`remat.compare` got strategies={got!r}, so there is nothing to compare with the baseline; "
+    "pass at least one, e.g. strategies=['full', 'dots'] (or use `remat.measure` for the "
+    "baseline alone)."
+)
 _BAD_BASELINE = (
     "`remat.compare` got baseline={got!r}, which is neither the label of one of the "
     "strategies ({labels}) nor a known strategy ({names}). Pass baseline='none' (the program as "
@@ -52,6 +57,8 @@ def _labelled(strategies: object, device: Any = None) -> list[tuple[str, object]
         entries = [(strategy_label(s), s) for s in strategies]
     else:
         raise TypeError(_BAD_STRATEGIES.format(got=strategies))
+    if not entries:
+        raise ValueError(_NO_STRATEGIES.format(got=strategies))
     seen = set()
     for label, strategy in entries:
         if label in seen:
@@ -181,7 +188,8 @@ def compare(
                         has_aux=has_aux,
                         optimizer=optimizer,
                         roll=roll,
-                        override=override,
+                        # the "none" row is the program as written, its checkpoints kept
+                        override=override and strategy_label(strategy) != "none",
                     ),
                 )
             )

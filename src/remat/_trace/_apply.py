@@ -152,7 +152,8 @@ def apply(
     policy = resolve_policy(strategy.policy, "remat.apply")
     schedule = strategy.schedule
     name = f"`{getattr(fn, '__qualname__', repr(fn))}`"
-    if schedule == "none" or (policy is None and schedule == "per_step"):
+    plain = schedule == "none" or (policy is None and schedule == "per_step")
+    if plain and not override:
         return fn  # plain scans, no checkpoint: nothing to rewrite
     mode = "inline" if override else "keep"
     traced_fn = roll_unscanned(fn) if roll else fn
@@ -161,13 +162,15 @@ def apply(
         def transform(info: ScanInfo, body: Body) -> Body | None:
             if not select(info) or (not override and contains_checkpoint(info.jaxpr.jaxpr)):
                 return None
+            if plain:  # override: the body as written, its own checkpoints inlined
+                return body if contains_checkpoint(info.jaxpr.jaxpr) else None
             if schedule != "per_step":
                 return body  # the schedule's loop checkpoints it (see `loop`)
             return jax.checkpoint(body, policy=policy, prevent_cse=False)
 
         def loop(info, body, consts, init, xs):
             written = not override and contains_checkpoint(info.jaxpr.jaxpr)
-            if not select(info) or schedule == "per_step" or written:
+            if plain or not select(info) or schedule == "per_step" or written:
                 return lax_loop(info, body, consts, init, xs)
             from .._scan._scan import scan  # imported when first needed
 
@@ -207,7 +210,7 @@ def apply(
             def whole(*dynamic):
                 return interp.eval(closed.jaxpr, closed.consts, dynamic, 0, (), ())
 
-            if policy is None or sites:  # nothing to apply, or the user's checkpoint stays
+            if plain or policy is None or sites:  # nothing to apply, or the user's stays
                 return whole
             # Warned once per input structure, when `fn2` first sees it.
             message = _NO_SCAN.format(name=name, strategy=strategy)

@@ -5,9 +5,11 @@ before the scans in its body, which come before the next scan after it.
 
 Names. A scan's *name* is the innermost `jax.named_scope` / `jax.named_call` (or `jax.jit`-ed
 function's name) opened between the enclosing scan body (or the program itself) and the
-scan, or ``""`` when there is none; ``path`` is the full chain of such names from the
-program's root, outermost first. `flax.linen.scan` scans are named after the module that
-calls them.
+scan; without one, the name of the step function the user wrote (``def run(h, block)``
+under `nnx.scan`, ``def layer(h, w)`` under `lax.scan`); ``""`` when there is neither (a
+``lambda``, or a step made inside JAX or a layer library, as `lax.map`'s). ``path`` is the
+full chain of named scopes from the program's root, outermost first. `flax.linen.scan`
+scans are named after the module that calls them.
 
 Only the sub-programs of ``scan``, ``jit``, ``closed_call``/``call``, ``checkpoint`` and
 ``cond`` are looked into (`sub_jaxprs`); `_rewrite.py` rewrites exactly those.
@@ -34,7 +36,7 @@ class ScanInfo:
     Attributes:
       position: index in depth-first order of appearance (0 is the first scan).
       name: innermost named scope between the enclosing scan body (or the program) and
-        this scan, ``""`` if none.
+        this scan; else the user's step function's name; ``""`` if neither.
       path: all named scopes from the program's root to this scan, outermost first.
       length: number of steps.
       reverse: whether the scan runs from the last step to the first.
@@ -95,13 +97,23 @@ def _source(eqn) -> str:
     return "" if frame is None else f"{display_path(frame.file_name)}:{frame.start_line}"
 
 
+def _step_name(eqn) -> str:
+    """The name of the user's step function of a scan (``"run"``), ``""`` for a ``lambda``
+    or a function defined in JAX, remat or a layer library."""
+    info = eqn.params["jaxpr"].jaxpr.debug_info
+    name, _, where = (getattr(info, "func_src_info", None) or "").partition(" at ")
+    if not name.isidentifier() or where.startswith(library_dirs() + library_dirs(("jax",))):
+        return ""
+    return name
+
+
 def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
     p = eqn.params
     num_consts, num_carry = scan_counts(p)
     own = rel + scopes(eqn)
     return ScanInfo(
         position=position,
-        name=own[-1] if own else "",
+        name=own[-1] if own else _step_name(eqn),
         path=path + scopes(eqn),
         length=int(p["length"]),
         reverse=bool(p["reverse"]),
