@@ -2,10 +2,11 @@
 
 Each command lives in a module of its own (``_cli_<command>.py``) that defines
 ``register(subparsers)``, which adds its parser and sets ``func`` to a function taking the
-parsed arguments and returning an exit code. Exit codes: 0 success, 1 infeasible plan, a program with nothing to plan
-(or lint findings), 2 usage error, 130 interrupted (Ctrl-C), 141 standard output closed early (as
-``remat measure ... | head -1``: the command finishes its work and files quietly, and exits as
-a tool killed by SIGPIPE would); errors are one line on stderr, never a traceback.
+parsed arguments and returning an exit code. Exit codes: 0 success, 1 infeasible plan, a
+program with nothing to plan (or lint findings), 2 usage error, 130 interrupted (Ctrl-C), 141
+standard output closed early (as ``remat measure ... | head -1``: the command finishes its
+work and files quietly, and exits as a tool killed by SIGPIPE would); errors are one line on
+stderr, never a traceback.
 """
 
 from __future__ import annotations
