@@ -58,7 +58,7 @@ from jax.extend import core as jcore
 
 from .._core._flop_tags import branch_scope
 from ._taps import tapped
-from ._traced import aval_spec, varying
+from ._traced import _spec, zeros_varying
 from ._vjp_order import after as _after
 from ._vjp_order import cotangents, custom_loop
 from ._vjp_order import floating as _floating
@@ -206,10 +206,10 @@ def one_loop(
 
             carry, ys = jax.lax.scan(plain, carry, indices, reverse=reverse)
             return (list(carry), list(ys)), None
-        bufs = [_zeros_of((int(k.sum()), *s.shape), s)
+        bufs = [zeros_varying((int(k.sum()), *s.shape), s.dtype, s)
                 for k, s in zip(keeps, saved_specs, strict=True)]  # fmt: skip
-        held = [_zeros_of((length - 1, *carry[k].shape), jax.typeof(carry[k]))
-                for k in carried]  # fmt: skip
+        held = [zeros_varying((length - 1, *carry[k].shape), carry[k].dtype,
+                              jax.typeof(carry[k])) for k in carried]  # fmt: skip
         tables = [jnp.asarray(s) for s in slots]
         at = jnp.asarray(held_at)
 
@@ -385,17 +385,3 @@ _ELEMENTWISE = frozenset({
     "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy", "reduce_precision",
     "stop_gradient", "clamp", "ne", "eq", "lt", "le", "gt", "ge", "and", "or", "not",
 })  # fmt: skip
-
-
-def _spec(x: Any) -> Any:
-    """What value ``x`` is traced as (`aval_spec`: inside `jax.shard_map`, a value varying
-    over manual axes is traced as varying)."""
-    return aval_spec(jax.typeof(x))
-
-
-def _zeros_of(shape: tuple[int, ...], aval: Any) -> Any:
-    """Zeros of ``shape`` and ``aval``'s dtype, varying over the manual axes ``aval`` varies
-    over (a loop's buffer must match what is written into it)."""
-    out = jnp.zeros(shape, aval.dtype)
-    axes = tuple(sorted(varying(aval)))
-    return jax.lax.pcast(out, axes, to="varying") if axes else out

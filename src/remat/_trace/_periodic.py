@@ -54,7 +54,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._traced import varying
+from ._traced import zeros_varying
 from ._vjp_order import after as _after
 from ._vjp_order import cotangents, custom_loop
 from ._vjp_order import floating as _floating
@@ -392,12 +392,9 @@ def _materialized(values: list[Any]) -> list[Any]:
 
 
 def _zeros(shape: tuple[int, ...], x: Any) -> Any:
-    """Zeros of ``shape`` and ``x``'s dtype; inside `jax.shard_map`, varying over the manual
-    axes ``x`` varies over (a loop's carried stack must match what is written into it, and
-    a `jax.lax.cond`'s branches must agree)."""
-    out = jnp.zeros(shape, jnp.result_type(x))
-    axes = tuple(sorted(varying(jax.typeof(x))))
-    return jax.lax.pcast(out, axes, to="varying") if axes else out
+    """Zeros of ``shape`` and ``x``'s dtype, varying over the manual axes ``x`` varies over
+    (`zeros_varying`)."""
+    return zeros_varying(shape, jnp.result_type(x), jax.typeof(x))
 
 
 def _carried(origin: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
@@ -48,6 +49,15 @@ def varying(aval: Any) -> frozenset[str]:
     """The manual mesh axes a value of type ``aval`` varies over (inside `jax.shard_map`;
     empty elsewhere)."""
     return frozenset(getattr(getattr(aval, "manual_axis_type", None), "varying", ()))
+
+
+def zeros_varying(shape: tuple[int, ...], dtype: Any, aval: Any) -> Any:
+    """Zeros of ``shape`` and ``dtype``; inside `jax.shard_map`, varying over the manual axes
+    a value of type ``aval`` varies over (a loop's carried buffer must match what is written
+    into it, and a `jax.lax.cond`'s branches must agree)."""
+    out = jnp.zeros(shape, dtype)
+    axes = tuple(sorted(varying(aval)))
+    return jax.lax.pcast(out, axes, to="varying") if axes else out
 
 
 def aval_spec(aval: Any) -> Any:
