@@ -533,6 +533,40 @@ def test_flax_linen_scan():
     assert n_residuals(f2, params, x, shape=(L, B, D)) == 1
 
 
+def test_two_linen_scans_of_one_call_are_selected_by_their_modules():
+    """Both scans are named after the calling module; each body's module selects it."""
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h, _):
+            return jnp.sin(nn.Dense(D)(h)), None
+
+    class Two(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            stack = functools.partial(nn.scan, variable_axes={"params": 0}, length=L)
+            h = stack(nn.remat(Block), split_rngs={"params": True})(name="layers")(h, None)[0]
+            return stack(Block, split_rngs={"params": True})(name="head")(h, None)[0]
+
+    model, x = Two(), mlp_args()[1]
+    params = model.init(jax.random.key(0), x)
+
+    def loss(params, x):
+        return jnp.sum(model.apply(params, x) ** 2)
+
+    scans = remat.list_scans(loss, params, x)
+    assert [(s.name, s.module) for s in scans] == [("Two", "layers"), ("Two", "head")]
+    f2 = remat.apply(loss, remat.Strategy("full", scans=("head",)))
+    check_twin(loss, f2, params, x)
+    for f, marked in ((loss, [True, False]), (f2, [True, True])):  # the user's, then "head"
+        assert [
+            own for _, own in scans_with_checkpoint(jax.make_jaxpr(f)(params, x).jaxpr, [])
+        ] == marked
+    with pytest.raises(ValueError, match=r"0: Two \(body layers\), 1: Two \(body head\)"):
+        remat.apply(loss, remat.Strategy("full", scans=("tied",)))(params, x)
+
+
 def test_flax_nnx_scan():
     loss, state = nnx_stack(L, D)
     x = mlp_args()[1]

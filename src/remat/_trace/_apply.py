@@ -48,7 +48,7 @@ _KEPT = (
 _NO_MATCH = (
     "`remat.apply` got Strategy(scans={scans!r}), but {missing!r} matches no scan of {name}. "
     "Its scans are: {listing}. Use `remat.list_scans(fn, *args)` to list them, and select by "
-    "position (int) or by name (str)."
+    "position (int) or by name (str): a scan's name, its path or its body's module."
 )
 
 
@@ -56,19 +56,25 @@ def _selector(strategy: Strategy, scans: Sequence[ScanInfo], name: str):
     if strategy.scans is None:
         return lambda info: True
     for s in strategy.scans:
-        if isinstance(s, int):
-            ok = 0 <= s < len(scans)
-        else:
-            ok = any(s in (i.name, "/".join(i.path)) for i in scans)
+        ok = 0 <= s < len(scans) if isinstance(s, int) else any(s in _names(i) for i in scans)
         if not ok:
-            listing = ", ".join(f"{i.position}: {i.name or '(no name)'}" for i in scans)
+            listing = ", ".join(
+                f"{i.position}: {i.name or '(no name)'}"
+                + (f" (body {i.module})" if i.module and i.module != i.name else "")
+                for i in scans
+            )
             raise ValueError(
                 _NO_MATCH.format(
                     scans=strategy.scans, missing=s, name=name, listing=listing or "none"
                 )
             )
     wanted = set(strategy.scans)
-    return lambda info: bool({info.position, info.name, "/".join(info.path)} & wanted)
+    return lambda info: bool({info.position, *_names(info)} & wanted)
+
+
+def _names(info: ScanInfo) -> set[str]:
+    """The names that select a scan: its name, its path and its body's module."""
+    return {info.name, "/".join(info.path)} | ({info.module} if info.module else set())
 
 
 def apply(

@@ -9,7 +9,9 @@ scan; without one, the name of the step function the user wrote (``def run(h, bl
 under `nnx.scan`, ``def layer(h, w)`` under `lax.scan`); ``""`` when there is neither (a
 ``lambda``, or a step made inside JAX or a layer library, as `lax.map`'s). ``path`` is the
 full chain of named scopes from the program's root, outermost first. `flax.linen.scan`
-scans are named after the module that calls them.
+scans are named after the module that calls them; ``module`` is the scope the body's
+equations all open first, the scanned module's own name (``nn.scan(Block, ...)(name="layers")``
+gives ``"layers"``), and selects the scan too (``Strategy(scans=("layers",))``).
 
 Only the sub-programs of ``scan``, ``jit``, ``closed_call``/``call``, ``checkpoint`` and
 ``cond`` are looked into (`sub_jaxprs`); `_rewrite.py` rewrites exactly those.
@@ -46,6 +48,8 @@ class ScanInfo:
       source: ``"file:line"`` of the user code that made the scan, ``""`` if unknown.
       jaxpr: the scan body as a `ClosedJaxpr`; inputs ``consts + carry + xs``, outputs
         ``new_carry + ys``.
+      module: the named scope every named equation of the body opens first (a
+        `flax.linen.scan`'s scanned module, ``"layers"``), ``""`` when they differ or none is.
       stacked: for a scan rolled from layers written in a Python loop (``roll=True``, named
         ``rolled_{k}_layers``, ``source`` the first layer's line): the shape and dtype, of
         one layer, of each per-layer input stacked for it (weights, dropout keys); None for
@@ -72,6 +76,7 @@ class ScanInfo:
     num_carry: int
     source: str
     jaxpr: jcore.ClosedJaxpr = dataclasses.field(repr=False, compare=False)
+    module: str = ""
     stacked: tuple[jax.ShapeDtypeStruct, ...] | None = None
 
 
@@ -107,6 +112,28 @@ def _step_name(eqn) -> str:
     return name
 
 
+def _leading_scopes(jaxpr: jcore.Jaxpr, out: set[str]) -> None:
+    """Adds to ``out`` the first named scope of each equation of ``jaxpr`` (an equation
+    without one is looked into: a checkpoint or a jit around the body's work); a nested
+    scan is left out, its scope names that scan."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is _P.scan_p:
+            continue
+        own = scopes(eqn)
+        if own:
+            out.add(own[0])
+        else:
+            for sub in sub_jaxprs(eqn):
+                _leading_scopes(sub, out)
+
+
+def _body_module(eqn) -> str:
+    """The one scope the scan body's equations open first (``"layers"``), else ``""``."""
+    leading: set[str] = set()
+    _leading_scopes(eqn.params["jaxpr"].jaxpr, leading)
+    return next(iter(leading)) if len(leading) == 1 else ""
+
+
 def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
     p = eqn.params
     num_consts, num_carry = scan_counts(p)
@@ -122,6 +149,7 @@ def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -
         num_carry=num_carry,
         source=_source(eqn),
         jaxpr=p["jaxpr"],
+        module=_body_module(eqn),
     )
 
 
