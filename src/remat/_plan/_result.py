@@ -31,8 +31,11 @@ PLAN_FORMAT = 2
 _INFEASIBLE = (
     "`remat.plan` cannot fit budget {budget} ({budget_bytes} bytes): the smallest peak the "
     "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
-    "{baseline_name} {baseline}{strategy}). {advice}, or reduce "
-    "what lives outside the scans (batch size, parameters, vocabulary)."
+    "{baseline_name} {baseline}{strategy}). {advice}. What sets that floor is live at its "
+    "peak (`remat.memory(fn, *args, strategy=...)` lists it): what lives outside the scans "
+    "(parameters, optimizer state, the loss head's logits), or one layer's own working set "
+    "in its backward pass (attention scores: a smaller batch or sequence, or chunked "
+    "attention), which no checkpoint of the layers lowers."
 )
 
 _NESTED = (
@@ -100,6 +103,13 @@ class InfeasibleBudget(ValueError):
         ``smallest_peak_bytes`` is then the smallest peak compiled before. None otherwise.
       nested: the scans inside the planned scans' bodies, which the planner leaves as written
         (`nested_scans`), in words; None when there are none.
+
+    Example:
+      >>> e = InfeasibleBudget("50%", 1 << 20, 3 << 19, 1 << 21, strategy="`full` on every scan")
+      >>> e.smallest_peak_bytes, str(e).split(". ")[1]
+      (1572864, 'Raise the budget to at least 1.50 MiB')
+      >>> "`remat.memory(fn, *args, strategy=...)` lists it" in str(e)
+      True
     """
 
     __module__ = "remat"  # printed in tracebacks as remat.InfeasibleBudget, its public name
