@@ -20,8 +20,8 @@ the compiler recomputes values of its own accord, by amounts the cost model does
 a save set the model ranks dearer can compile cheaper (docs/tpu.md).
 
 A named candidate the model puts far over the budget (`far_over`) is neither checked alone
-nor compiled: at Llama-3-70B shapes, planned at 50%, ``dots`` saves 1.6x the bytes of the plan
-and compiled alone beside the plan's step only to come out 30% over the budget.
+nor compiled: at Llama-3-70B shapes, planned at 50%, the model puts ``dots`` 33% over the
+budget, and it was compiled alone beside the plan's step only to come out 30% over.
 
 `describe` names a compiled point by its strategies, for `remat.InfeasibleBudget`.
 """
