@@ -5,7 +5,8 @@ processes that alternate between the two source trees (so both see the same load
 shared machine).
 
 Each run prints one compile of the step (XLA's default options), the first plan's wall time
-and its ratio to that compile, its step and scan-alone compiles, FLOPs and compiled peak.
+and its ratio to that compile, the same in the process's CPU seconds (steadier on a loaded
+machine, but blind to what runs beside a compile on another core), its step and scan-alone compiles, FLOPs and compiled peak.
 ``--budgets 50%,70%,35%`` plans each budget in turn in the same process (the first a first
 plan, the others re-plans, as `scale_bench.py`'s size rows do) and prints a line for each.
 
@@ -51,9 +52,11 @@ def child(model: str, budgets: str) -> None:
 
     opt = optax.adam(1e-4)
     loss, args = decoder_shapes(None, sizes_of(MODELS[model], 4096))
+    cpu = time.process_time()
     one, _ = compile_seconds(loss, args, opt)
+    one_cpu = time.process_time() - cpu
     for budget in budgets.split(","):  # the first a first plan, the others re-plans
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             p = remat.plan(loss, *args, budget=budget, optimizer=opt, verbose=False)
         except remat.InfeasibleBudget as err:
@@ -64,6 +67,7 @@ def child(model: str, budgets: str) -> None:
             row = dict(infeasible=False, steps=p.stats.step_compiles, flops=p.measured.flops,
                        scans=p.stats.scan_compiles, peak=p.measured_peak_bytes)  # fmt: skip
         print(json.dumps(dict(row, budget=budget, compile=one, plan=seconds,
+                              compile_cpu=one_cpu, plan_cpu=time.process_time() - cpu,
                               load=os.getloadavg()[0])))  # fmt: skip
 
 
@@ -173,7 +177,8 @@ def main() -> None:
 
 def _row(r: dict) -> str:
     head = (f"{r['budget']:>4s} compile {r['compile']:5.1f} s  plan {r['plan']:5.1f} s "
-            f"({r['plan'] / r['compile']:.2f}x)")  # fmt: skip
+            f"({r['plan'] / r['compile']:.2f}x; CPU {r['compile_cpu']:.1f} s, "
+            f"{r['plan_cpu']:.1f} s, {r['plan_cpu'] / r['compile_cpu']:.2f}x)")  # fmt: skip
     if r["infeasible"]:
         return (
             f"{head}  infeasible (smallest {r['smallest'] / 2**30:.2f} GiB)  load {r['load']:.1f}"

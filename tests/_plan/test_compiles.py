@@ -140,10 +140,16 @@ def test_a_scan_option_this_jaxlib_lacks_falls_back_to_the_steps_options():
 def test_named_strategies_are_compiled_alone_beside_the_first_plans_step(monkeypatch):
     """Near the budget the named strategies compete (`_named.try_named`); the one that is
     no calibration point (``dots``) is compiled alone while the plan's step compiles
-    (`_rounds._look_ahead`), so checking them compiles nothing more."""
+    (`_rounds._look_ahead`), so checking them compiles nothing more. One the model puts far
+    over the budget (`_named.far_over`) is neither looked ahead for nor checked: on this
+    stack at 35% ``dots`` is (the model puts it 2.3x the budget), and its scans alone put it
+    over the budget too, so `try_named` compiles the same steps (none) without checking it."""
     from remat._plan import _named, _rounds
+    from remat._plan._memo import best_known, step_flops
     from remat._plan._options import alone_key
 
+    far = _named.FAR
+    monkeypatch.setattr(_named, "FAR", float("inf"))  # every named candidate looked ahead for
     _memo.forget()
     loss, args = shared_mlp_stack()
     compiled_during = []
@@ -155,16 +161,40 @@ def test_named_strategies_are_compiled_alone_beside_the_first_plans_step(monkeyp
         compiled_during.append(_compile.tally()[0].get(_compile.SCAN, 0) - before)
 
     monkeypatch.setattr(_rounds, "try_named", try_named)
-    remat.plan(loss, *args, budget="35%", verbose=False)
+    p = remat.plan(loss, *args, budget="35%", verbose=False)
     assert compiled_during == [0]
     know = next(reversed(_memo._MEMORY.values()))
     prep = know.prepared
-    keys = {}
+    keys, dots = {}, None
     for names, solution, choice in _named.named_choices(prep):
         (o,) = solution.options
         keys[names] = alone_key(o, choice.choices[prep.infos[prep.cands[o].scan].position])
+        if names == ("dots",):
+            dots = solution, choice
     assert keys[("dots",)] not in dict(prep.alone)  # not compiled to calibrate
     assert set(keys.values()) <= set(know.alone)
+    alone, _ = _named.check_alone(prep, know, *dots)  # compiled beside the step: no compile
+    assert alone + know.margin > p.budget_bytes  # over on its scans alone
+
+    best = best_known(prep, know, p.budget_bytes)
+    reference = step_flops(prep, best.choice)
+    real_check = _named.check_alone
+    for limit in (float("inf"), far):
+        monkeypatch.setattr(_named, "FAR", limit)
+        ahead = _named.ahead(prep, know, p.budget_bytes, reference, p.predicted_peak_bytes)
+        checked, verified = [], []
+
+        def check_alone(prep_, know_, solution, choice, checked=checked):
+            checked.append(choice)
+            return real_check(prep_, know_, solution, choice)
+
+        monkeypatch.setattr(_named, "check_alone", check_alone)
+        _named.try_named(prep, know, p.budget_bytes, best, lambda *a, v=verified: v.append(a))
+        looked = [_memo.choice_key(c) for _, c in ahead]
+        seen = [_memo.choice_key(c) for c in checked]
+        assert verified == []  # the same steps compiled: none
+        assert (_memo.choice_key(dots[1]) in looked) == (limit == float("inf"))
+        assert (_memo.choice_key(dots[1]) in seen) == (limit == float("inf"))
     _memo.forget()
 
 

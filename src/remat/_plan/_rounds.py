@@ -321,7 +321,7 @@ def _uniform_rounds(
             after = rounds + 1 < min(ROUNDS, max_rounds) and not (calibrated and searched)
             ahead = functools.partial(_look_ahead, prep, know, budget_bytes, options, tight,
                                       [*excluded, solution], above, after, choice,
-                                      alone + margin)  # fmt: skip
+                                      alone + margin, checked_alone(know, missed))  # fmt: skip
             _verify(prep, know, key, choice, margin, alone=alone, ahead=ahead)
         rounds += 1
         checks = 0
@@ -441,15 +441,16 @@ def _predicted(prep: Prepared, choice: Choice, alone: float | None, margin: floa
 
 
 def _look_ahead(prep, know, budget_bytes, options, tight, excluded, above, after, choice,
-                predicted) -> None:  # fmt: skip
+                predicted, pairs=()) -> None:  # fmt: skip
     """Compiles alone, while the step with ``choice`` (``predicted`` peak) compiles, what the
     rounds will likely check alone once it is measured: the named strategies that
-    `try_named` checks when that peak is near the budget (`_named.ahead`), and, with
+    `try_named` checks when that peak is near the budget (`_named.ahead`; ``pairs`` are the
+    candidates checked alone so far, `_spread.checked`), and, with
     ``after`` (a search for a cheaper plan follows the step), the candidate that
     `cheaper_candidate` checks first, as the memory outside the scans known so far puts it.
     The checks then find their scans compiled (`_memo.Knowledge.alone`); those the measured
     step makes unnecessary cost their compile, beside the step's."""
-    pairs = named_ahead(prep, know, budget_bytes, step_flops(prep, choice), predicted)
+    pairs = named_ahead(prep, know, budget_bytes, step_flops(prep, choice), predicted, pairs)
     if after:
         solution = solve(prep.nodes, budget_bytes, options=options,
                          fixed_bytes=prep.base + (know.margin or 0.0) + tight, exclude=excluded,
