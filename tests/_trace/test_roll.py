@@ -145,6 +145,19 @@ def test_a_sum_started_from_a_constant_rolls_with_the_first_layer(start):
     assert [c.shape for c in run.carry] == [X.shape, ()]
 
 
+def test_a_layer_before_the_run_reading_more_values_stays_outside():
+    # the layer before is checked too (it may start a sum from a constant); here its second
+    # equation reads only outside values, as the layers' second does, but two, not one
+    def loss(params, w0, x):
+        x = jnp.tanh(x) @ (w0 * 0.9)
+        for w in params:
+            x = jnp.tanh(x) @ w.T
+        return jnp.sum(x**2)
+
+    ws = [jax.random.normal(k, (W, W)) / 3 for k in jax.random.split(jax.random.key(3), 5)]
+    check(loss, ws[1:], ws[0], X, lengths=[4])
+
+
 def test_two_runs_encoder_decoder():
     def loss(params, x):
         enc, proj, dec = params

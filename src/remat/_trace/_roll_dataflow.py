@@ -147,6 +147,8 @@ def _check(flow, strict, start, period, k, carry_key=None) -> tuple[int, _Mismat
 
     def differs(layer, q, classes, against) -> str | None:
         i, j = base + layer * period + q, base + against * period + q
+        if len(classes) != len(ref[q]):  # the layer before a run (see `carry_key`)
+            return "dataflow"
         starts = frozenset(
             n
             for n, (c, r) in enumerate(zip(classes, ref[q], strict=False))
