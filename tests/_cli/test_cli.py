@@ -99,7 +99,11 @@ def test_a_target_file_may_define_dataclasses_and_flax_modules(tmp_path):
         ("{file}:", "has no factory"),
         ("{dir}/missing.py:make", "no such file"),
         ("no_such_module_xyz:make", "no such module"),
-        ("{file}:nope", "has no function 'nope'"),
+        (
+            "{file}:nope",
+            "has no function 'nope'; its functions that take no arguments: "
+            "make, make_shapes, raises, not_a_pair, args_not_a_tuple. Write {file}:FACTORY",
+        ),
         ("{file}:NOT_CALLABLE", "is not callable"),
         ("{file}:raises", "raised RuntimeError: boom"),
         ("{file}:not_a_pair", "returned a int; expected (fn, args)"),
@@ -108,6 +112,7 @@ def test_a_target_file_may_define_dataclasses_and_flax_modules(tmp_path):
 )
 def test_bad_targets_are_one_line_usage_errors(target_file, capsys, suffix, message):
     target = suffix.format(file=target_file, dir=target_file.parent)
+    message = message.format(file=target_file)
     with pytest.raises(CliError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         load_target(target)
     assert info.value.code == EXIT_USAGE

@@ -129,6 +129,34 @@ def test_first_layer_of_another_width_stays_outside():
     assert run.stacked[0].shape == (W, W)
 
 
+def test_a_sum_started_from_a_constant_rolls_with_the_first_layer():
+    # `aux = 0.0`, then `aux = aux + ...` in every layer (a mixture of experts' balance
+    # loss): the first layer reads the constant where the others read the previous layer's
+    # sum, and the constant is the carry's initial value
+    def loss(params, x):
+        aux = 0.0
+        for p in params:
+            x = x + jnp.tanh(x @ p["w"] + p["b"])
+            aux = aux + jnp.mean(x**2)
+        return jnp.sum(x**2) + 0.1 * aux
+
+    (run,) = check(loss, dense_params(jax.random.key(2), [W] * 5), X, lengths=[4])
+    assert [c.shape for c in run.carry] == [X.shape, ()]
+
+
+def test_a_layer_before_the_run_reading_more_values_stays_outside():
+    # the layer before is checked too (it may start a sum from a constant); here its second
+    # equation reads only outside values, as the layers' second does, but two, not one
+    def loss(params, w0, x):
+        x = jnp.tanh(x) @ (w0 * 0.9)
+        for w in params:
+            x = jnp.tanh(x) @ w.T
+        return jnp.sum(x**2)
+
+    ws = [jax.random.normal(k, (W, W)) / 3 for k in jax.random.split(jax.random.key(3), 5)]
+    check(loss, ws[1:], ws[0], X, lengths=[4])
+
+
 def test_two_runs_encoder_decoder():
     def loss(params, x):
         enc, proj, dec = params

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,29 @@ _NO_COLON = (
     "target {target!r} has no factory; write FILE_OR_MODULE:FACTORY, e.g. "
     "'model.py:make' where make() returns (fn, args)"
 )
+
+
+_NO_FACTORY = (
+    "{spec} has no function {name!r}; {found}. Write {spec}:FACTORY, where FACTORY() "
+    "returns (fn, args)"
+)
+
+
+def _factories(module) -> str:
+    """The functions ``module`` defines that can be called without arguments, in the order
+    they are defined: the names a target may end with."""
+    names = []
+    for name, value in vars(module).items():
+        if not (inspect.isfunction(value) and value.__module__ == module.__name__):
+            continue
+        try:
+            inspect.signature(value).bind()
+        except TypeError:  # a required argument: not a factory
+            continue
+        names.append(name)
+    if not names:
+        return "it defines no function that takes no arguments"
+    return "its functions that take no arguments: " + ", ".join(names)
 
 
 def _load_module(spec: str):
@@ -94,7 +118,10 @@ def load_target(target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     module = _load_module(module_spec)
     factory = getattr(module, factory_name, None)
     if factory is None:
-        raise CliError(f"{module_spec} has no function {factory_name!r}", EXIT_USAGE)
+        raise CliError(
+            _NO_FACTORY.format(spec=module_spec, name=factory_name, found=_factories(module)),
+            EXIT_USAGE,
+        )
     if not callable(factory):
         raise CliError(f"{module_spec}:{factory_name} is not callable", EXIT_USAGE)
     try:

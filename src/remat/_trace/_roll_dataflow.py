@@ -72,7 +72,7 @@ def _classify(flow: _Flow, start: int, period: int, layer: int, q: int) -> list[
     first = start + layer * period
     for v in flow.eqns[first + q].invars:
         if _is_lit(v):
-            out.append(("lit",))
+            out.append(("lit", v))
             continue
         made = flow.producer.get(v)
         if made is None or made[0] < start:
@@ -126,8 +126,13 @@ class _Mismatch:
     what: str
 
 
-def _check(flow, strict, start, period, k) -> tuple[int, _Mismatch | None]:
-    """How many leading layers of ``k`` from ``start`` form a valid run (0 if not two)."""
+def _check(flow, strict, start, period, k, carry_key=None) -> tuple[int, _Mismatch | None]:
+    """How many leading layers of ``k`` from ``start`` form a valid run (0 if not two).
+
+    Layer 0 may read a constant (a literal) where the later layers read the previous
+    layer's value: the constant is then the carry's initial value, and ``carry_key(i,
+    positions)`` the strict token of equation ``i`` with the literals at ``positions`` read
+    as variables (without it, such a layer 0 does not match)."""
     if k < 2:
         return 0, None
     ref = [_classify(flow, start, period, 1, q) for q in range(period)]
@@ -142,13 +147,21 @@ def _check(flow, strict, start, period, k) -> tuple[int, _Mismatch | None]:
 
     def differs(layer, q, classes, against) -> str | None:
         i, j = base + layer * period + q, base + against * period + q
-        if not hoistable[q] and strict[i] != strict[j]:
+        if len(classes) != len(ref[q]):  # the layer before a run (see `carry_key`)
+            return "dataflow"
+        starts = frozenset(
+            n
+            for n, (c, r) in enumerate(zip(classes, ref[q], strict=False))
+            if layer == 0 and c[0] == "lit" and r[0] == "prev"
+        )
+        key = strict[i] if not starts or carry_key is None else carry_key(i, starts)
+        if not hoistable[q] and key != strict[j]:
             return "parameters"
         for c, r in zip(classes, ref[q], strict=True):
             if c[0] == "far":
                 return "reads a value from two or more layers before"
             if r[0] == "prev" and layer == 0:
-                if c[0] != "out":
+                if c[0] != "out" and not (c[0] == "lit" and carry_key is not None):
                     return "dataflow"
             elif c[0] != r[0] or (c[0] in ("int", "prev") and c[1:] != r[1:]):
                 return "dataflow"

@@ -33,7 +33,9 @@ The algorithm, for a jaxpr of ``n`` equations (each step linear in ``n`` unless 
    ``q``), *outside* (made before the run, or an input of the program) or *far* (made two or
    more layers earlier: rejected). Layer 1's classification is the reference; every layer
    must match it (layer 0 reads outside values where the reference reads the carry: the
-   carry's initial value, one per carried value), with equal strict tokens. Equations that
+   carry's initial value, one per carried value), with equal strict tokens; a layer 0 that
+   reads a constant there instead (``aux = 0.0``, then ``aux = aux + ...`` in every layer)
+   joins the run found after it, the constant as the carry's initial value. Equations that
    read only outside values (directly or through each other) and whose strict tokens differ
    between layers (linen folds a per-layer constant into the dropout key; ``keys[i]``
    slices with a per-layer index) are *hoisted*: evaluated for every layer before the scan,
@@ -174,6 +176,10 @@ def _search(jaxpr, tokens: _Tokens, mismatches: list) -> list[tuple[int, int, in
     loose = np.array([tokens.intern(k) for k in keys], np.int64)
     strict = [tokens.intern(tokens.strict_key(e, k)) for e, k in zip(eqns, keys, strict=True)]
     flow = _Flow.of(jaxpr)
+
+    def carry_key(i: int, positions: frozenset) -> int:
+        return tokens.intern(tokens.carry_key(eqns[i], positions))
+
     found = []
     for p in _candidates(loose):
         for lo, hi in _stretches(loose, p):
@@ -183,6 +189,13 @@ def _search(jaxpr, tokens: _Tokens, mismatches: list) -> list[tuple[int, int, in
                 if bad is not None:
                     mismatches.append(bad)
                 if k >= 2:
+                    # the layer before joins if it starts a carried value from a constant
+                    # (its loose tokens differ there, so the stretch began after it)
+                    before = (
+                        _check(flow, strict, pos - p, p, k + 1, carry_key) if pos >= p else (0,)
+                    )
+                    if before[0] == k + 1:
+                        pos, k = pos - p, k + 1
                     found.append((pos, p, k))
                 pos += max(k, 1) * p
     found.sort(key=lambda r: (-r[1] * r[2], r[1], r[0]))

@@ -86,7 +86,8 @@ def _run_scan(run: Run, eqns, env) -> None:
             e = eqns[s + layer * p + q]
             _write(env, e, _bind(e, [_read(env, v) for v in e.invars]))
     per_layer = [[_read(env, v) for v in per] for per in plan.xs]
-    init = [_read(env, v) for v in plan.init]
+    # a constant that starts a carried value (``aux = 0.0``) takes the carry's dtype
+    init = [jnp.asarray(_read(env, v), c.dtype) for v, c in zip(plan.init, run.carry, strict=True)]
     shared = {v: _read(env, v) for row in plan.sources for kind, v in row if kind == "shared"}
     first = [eqns[s + q] for q in plan.body]
 
