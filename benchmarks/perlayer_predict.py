@@ -41,7 +41,11 @@ HEAD = ("model", "points mixed (of the front)", "c of L layers saving the first"
         "larger of two lines through the segments MiB (error)")  # fmt: skip
 
 
-def rows_of(kind: str) -> list[list[str]]:
+def front(kind: str) -> tuple:
+    """``(loss, args, prep, info, length, points, sets)``: the vs_torch model ``kind``, its
+    arguments, its `Prepared` (per-layer options completed), its scan's `ScanInfo` and
+    length, the layer's Pareto front (`pareto_points`, fewest FLOPs first) and each point's
+    save set."""
     sizes = vs_torch.FULL
     loss = vs_torch.make_jax_loss(kind, sizes["heads"])
     args = (
@@ -51,9 +55,13 @@ def rows_of(kind: str) -> list[list[str]]:
     prep = completed(prepare(loss, args, 0, True, per_layer=True))
     cand = next(c for c in prep.cands if c.schedule == "per_step")
     model, info = prep.models[cand.scan], prep.infos[cand.scan]
-    length = model.length
-    points = pareto_points(cand, length, prep.stored, prep.slice, prep.weight)
+    points = pareto_points(cand, model.length, prep.stored, prep.slice, prep.weight)
     sets = [tuple(sorted(model.values[i].name for i in p.saved)) for p in points]
+    return loss, args, prep, info, model.length, points, sets
+
+
+def rows_of(kind: str) -> list[list[str]]:
+    _, _, prep, info, length, points, sets = front(kind)
     n = len(sets)
     pairs = sorted({(0, n // 2), (n // 2, n - 1), (1, 2), (0, n - 1)} if n > 2 else {(0, 1)})
     requests, labels = [], []
