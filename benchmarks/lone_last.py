@@ -8,7 +8,13 @@ predicts it before verifying (`remat._plan._alone.check_alone`: the scan compile
 the memory outside the scans of the un-checkpointed step, `Prepared.margin`) beside the
 compiled step's peak (`remat.measure` of the program rewritten with the mix), and the FLOPs.
 A run of one layer is no loop (XLA removes a loop of one step); where it is the last run,
-its scan alone is off the step by more than any two-run mix. Prints, writes nothing.
+its backward pass needs only the cotangents to start, and the scan-alone program (`_body`)
+gives them once its forward pass is done, as the step does: without that, XLA started it
+before the forward loop, its dump showed no forward loop wholly before a backward one
+(`remat._measure._phases.loop_phases`), and the prediction fell back to the program's
+temporaries (off the step by -4.72..+1.52 MiB on these models). The last column says
+whether the phases were read.
+Prints, writes nothing.
 
 Usage:
   PYTHONPATH=src python benchmarks/lone_last.py [--arch gpt,mlp]
@@ -30,7 +36,7 @@ from remat._trace._tag import ScanChoice, rewrite
 
 MIB = 2**20
 HEAD = ("sets (values saved, a/b)", "pattern", "FLOPs over none", "predicted from the scan alone MiB",
-        "compiled step MiB", "step - predicted MiB")  # fmt: skip
+        "compiled step MiB", "step - predicted MiB", "loop phases read")  # fmt: skip
 
 
 def rows_for(kind: str) -> list[list[str]]:
@@ -54,7 +60,8 @@ def rows_for(kind: str) -> list[list[str]]:
                 runs += f"{c if label == 'b then a' else length - c}"
                 rows.append([f"{len(a)}/{len(b)}", runs, f"+{m.flops / base.flops - 1:.2%}",
                              f"{predicted / MIB:.2f}", f"{peak_of(m) / MIB:.2f}",
-                             f"{(peak_of(m) - predicted) / MIB:+.2f}"])  # fmt: skip
+                             f"{(peak_of(m) - predicted) / MIB:+.2f}",
+                             "no" if alone.phases is None else "yes"])  # fmt: skip
                 print("  " + " | ".join(rows[-1]), flush=True)
     return rows
 

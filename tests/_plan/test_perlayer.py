@@ -484,3 +484,20 @@ def test_the_spread_outside_the_scans_is_the_uniform_steps():
     assert sorted(margins(prep, know)) == [100.0, 130.0, 300.0]  # every step measured
     assert sorted(margins(prep, know, uniform=True)) == [100.0, 130.0]
     assert spread(prep, know, 110.0) == 30.0  # not 200: the per-layer step's 300 left out
+
+
+def test_a_lone_last_layers_scan_alone_waits_for_the_forward_pass(stack):
+    """A run of one layer is no loop: its backward pass could start from the scan-alone
+    program's cotangent inputs before the forward loop runs, which the step cannot (its
+    cotangents come from the loss). The program ties them to the forward pass's outputs, so
+    its loop phases are read (`loop_phases`: a forward loop wholly before a backward one), as
+    for a mix of two loops."""
+    from remat._plan._body import scan_memories
+
+    loss, args = stack
+    (info,) = planned_scans(loss, *args)
+    keep, none = ("remat_s0_e0",), ()
+    lone = ScanChoice(names=keep, pattern=(none,) * 7 + (keep,))
+    two = ScanChoice(names=keep, pattern=(none,) * 6 + (keep,) * 2)
+    got = scan_memories([(info, lone, 8), (info, two, 8)], phases=True)
+    assert [m.phases is not None for m in got] == [True, True]

@@ -42,8 +42,10 @@ from .._trace._periodic import periodic_loop
 from .._trace._rewrite import ScanInfo
 from .._trace._tag import ScanChoice, _eval_inlined, _spec, eval_tagged, flatten
 from .._trace._taps import tapping
+from .._trace._vjp_order import after
 from ._compile import SCAN, compile_each, scan_options
 from ._phases import ScanMemory
+from ._twolines import lone_last
 
 
 def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Callable[..., Any]:
@@ -205,9 +207,17 @@ def _lowered(info, choice, length, device=None) -> tuple[Any, tuple[int, int]]:
         run = scan_program(info, choice, length)
         merged = functools.partial(_merged, run, diff, nc, nk)
 
+    # A last layer alone in its run is no loop (XLA removes a loop of one step), and its
+    # backward pass could start from the cotangent inputs before the forward loop runs,
+    # which the step cannot (its cotangents come from the loss): they are given once the
+    # forward pass is done, so that the program's loop phases are read (`loop_phases`).
+    tied = choice is not None and lone_last(choice.pattern)
+
     def program(d_in, o_in, ct):
         ct = [c if jnp.issubdtype(c.dtype, jnp.inexact) else None for c in ct]
-        _, vjp = jax.vjp(lambda d: merged(*d, *o_in), d_in)
+        out, vjp = jax.vjp(lambda d: merged(*d, *o_in), d_in)
+        if tied:
+            ct = after(ct, [c is not None for c in ct], out)
         return vjp([_zero_if_none(c, o) for c, o in zip(ct, outs, strict=True)])
 
     grads = sum(per_device_bytes(s) for s in d_specs)
