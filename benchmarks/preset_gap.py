@@ -17,9 +17,15 @@ inlined, so that each value in it can be named) and with the calls named in ``--
 (``jnp.where``'s is ``_where``; default: every call none of whose values is saved) bound
 whole, the values outside them tagged with the same names.
 
+``--names N1,N2,...`` instead compiles the save set of those planner names
+(``remat_s0_e14,...``, as `remat.Plan.scans` lists them) with every call inlined and with
+the calls that hold none of them kept (`ScanChoice.kept_calls`): a set the search compiled
+or checked on its scans alone, against the preset's peak.
+
 Usage:
   PYTHONPATH=src python benchmarks/preset_gap.py [--model Llama-3-8B] [--preset minimal]
   PYTHONPATH=src python benchmarks/preset_gap.py --model Llama-3.2-1B --plan 50% [--keep _where]
+  PYTHONPATH=src python benchmarks/preset_gap.py --names remat_s0_e14,remat_s0_e45,...
 """
 
 from __future__ import annotations
@@ -66,6 +72,24 @@ def plan_forms(args, sizes, spec) -> None:
         print(f"  calls {label:8s} (kept: {args.keep or 'all'}) peak {m.peak_bytes:,}", flush=True)
 
 
+def named_forms(args, sizes, spec) -> None:
+    """``--names``: that save set compiled with every call inlined and with calls kept."""
+    from remat._measure._hlo import hlo_flops
+    from remat._measure._peak import compiled_memory
+    from remat._measure._step import lower_step
+    from remat._models._maxtext import decoder_shapes
+    from remat._trace._tag import ScanChoice, rewrite
+
+    loss, shapes = decoder_shapes(None, sizes)
+    names = tuple(args.names.split(","))
+    for kept in (False, True):
+        fn = rewrite(loss, {0: ScanChoice(names=names, kept_calls=kept)})
+        compiled = lower_step(fn, shapes, spec).compile()
+        m = compiled_memory(compiled)
+        print(f"{args.model} {len(names)} names, calls {'kept' if kept else 'inlined':7s} "
+              f"peak {m.peak_bytes:,} FLOPs {hlo_flops(compiled.as_text()):.6e}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     import jax
     import optax
@@ -86,11 +110,15 @@ def main() -> None:
     parser.add_argument("--preset", default="minimal")
     parser.add_argument("--plan", help="plan at this budget and compare the calls' forms")
     parser.add_argument("--keep", help="with --plan: the calls kept, by name (a,b); else all")
+    parser.add_argument("--names", help="compile this planner save set (a,b) in both forms")
     args = parser.parse_args()
     sizes = sizes_of(MODELS[args.model], 4096)
     spec = as_step(Step(0, False, optax.adam(1e-4)))
     if args.plan:
         plan_forms(args, sizes, spec)
+        return
+    if args.names:
+        named_forms(args, sizes, spec)
         return
     loss, shapes = decoder_shapes(None, sizes)
     infos = planned_scans(loss, *shapes)

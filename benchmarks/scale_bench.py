@@ -401,11 +401,18 @@ ones to hold the targets against.
   when nothing fits under the least margin, and a candidate compiled over has its twin on
   the scans alone compiled once (`_spread.doubtful`, `_spread.twin`). Those rules add step
   compiles to some presets' re-plans (over the eight rows 14 -> 18 at 1B, 11 -> 14 at 70B;
-  none to a first plan). Missed: 8B `minimal` 1.0050x. The preset's save set as the planner
-  writes it compiles 53,952,448 bytes (0.03%) over the preset's peak (`preset_gap.py
-  --model Llama-3-8B --preset minimal`): the live bytes at the peak are equal, XLA packs the
-  temporaries differently; only the preset's own policy on the untagged body, its calls
-  kept, reaches that peak.
+  none to a first plan). Missed: 8B `minimal` 1.0050x. Two things keep the plan off the
+  preset's save set (`preset_gap.py --model Llama-3-8B --preset minimal`; `--names` compiles
+  a set of the planner's names both ways). The preset's set (query and key projections after
+  RoPE in float32, value projection, `out_proj`, both MLP inputs) compiles to the preset's
+  peak, 159,570,863,100 bytes, only with the scan body's jitted calls kept whole
+  (`ScanPlan.kept_calls`); inlined it is 53,952,448 bytes (0.034%) over, with equal live
+  bytes at the peak: XLA packs the temporaries differently. And the search never compiles
+  it: its scans alone predict it 0.87% over (160,951,223,372), 1.33 GB above the set of
+  equal FLOPs the search checks (query and key before RoPE in bfloat16, the attention
+  context in place of `out_proj`: 1.25 GiB less saved), whose step compiles to
+  159,624,815,548 bytes with its calls inlined or kept, as the preset's set inlined does:
+  the 1.25 GiB more it saves does not raise the step's peak.
 - The mesh: the plan fits in 197.9 GiB of a 199.9 GiB per-device budget (2 step compiles,
   the un-checkpointed step and the plan, and 5 scan-alone ones).
 """

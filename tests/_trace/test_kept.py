@@ -11,7 +11,12 @@ from jax._src.ad_checkpoint import saved_residuals
 from jax.ad_checkpoint import checkpoint_name
 
 from conftest import assert_tree_allclose
+from remat._measure._hlo import hlo_flops
+from remat._measure._peak import peak_bytes
+from remat._measure._phases import loop_phases
+from remat._measure._xla_dump import compile_with_dump
 from remat._trace._jaxpr_walk import sites
+from remat._trace._rewrite import lax_loop, rewrite_scans
 from remat._trace._tag import (
     ScanChoice,
     flat_ranges,
@@ -104,3 +109,57 @@ def test_a_name_the_planner_does_not_give_inlines_every_call(body):
     assert jits(tagged_body(info, ["remat_s0_e0"]), consts, carry, xs) == 2
     assert jits(tagged_body(info, ["remat_s1_e0"]), consts, carry, xs) == 0  # another scan's
     assert jits(tagged_body(info, ["inner"]), consts, carry, xs) == 0
+
+
+def attention(w, xs):
+    """A causal attention layer as MaxText writes it: the mask and the masked scores made by
+    jitted calls (``jnp.tril``, ``jnp.where``, as in `remat._models._maxtext`), the query and
+    the context named."""
+    t = xs.shape[0]
+
+    def step(c, w):
+        q = checkpoint_name(c @ w, "q")
+        mask = jax.jit(jnp.tril)(jnp.ones((t, t), bool))
+        s = jax.jit(jnp.where)(mask, q @ c.T, -1e9)  # a Python float: converted in the call
+        return jax.jit(jax.nn.silu)(checkpoint_name(jax.nn.softmax(s) @ c, "ctx")) + c, None
+
+    return jnp.sum(jax.lax.scan(step, xs, w)[0] ** 2)
+
+
+def test_the_kept_form_compiles_as_the_program_as_written_under_the_same_policy():
+    # The save set of the names "q" and "ctx" three ways: the policy around the body as
+    # written, and the planner's rewrite with its calls kept and inlined. Kept, the program is
+    # the written one's to the byte in every loop phase; inlined, XLA fuses the masked fill's
+    # float32 broadcast into the forward loop where, kept, it is made before the loop and
+    # passed in (512 x 512 x 4 bytes less in the forward phase here; 2 GiB at Llama-3-8B
+    # shapes, `benchmarks/preset_gap.py`). The fill's conversion inside ``jnp.where``'s call
+    # is folded when the body is flattened: the walk of the kept form leaves it out as well.
+    args = (jnp.ones((2, 8, 8)) * 0.1, jnp.ones((512, 8)))
+    info = planned_scans(attention, *args)[0]
+    eqns = flatten(info.jaxpr).jaxpr.eqns
+    at = {id(e.outvars[0]): j for j, e in enumerate(eqns)}
+    named = [j for j, e in enumerate(eqns) if e.params.get("name") in ("q", "ctx")]
+    names = tuple(value_name(0, k, 0, 1) for j in named for k in (at[id(eqns[j].invars[0])], j))
+    policy = jax.checkpoint_policies.save_only_these_names("q", "ctx")
+
+    def as_written(info, _):
+        def body(consts, carry, xs):
+            outs = jax.core.eval_jaxpr(info.jaxpr.jaxpr, info.jaxpr.consts, *consts, *carry, *xs)
+            return list(outs[: info.num_carry]), list(outs[info.num_carry :])
+
+        return jax.checkpoint(body, policy=policy, prevent_cse=False)
+
+    forms = {
+        "written": rewrite_scans(attention, as_written, lax_loop),
+        "kept": rewrite(attention, {0: ScanChoice(names=names, kept_calls=True)}),
+        "inlined": rewrite(attention, {0: ScanChoice(names=names)}),
+    }
+    read, want = {}, jax.value_and_grad(attention)(*args)
+    for label, fn in forms.items():
+        compiled, dump = compile_with_dump(jax.jit(jax.value_and_grad(fn)).lower(*args))
+        read[label] = (peak_bytes(compiled), hlo_flops(compiled.as_text()), loop_phases(dump))
+        assert_tree_allclose(compiled(*args), want)
+    assert read["kept"] == read["written"]
+    written, inlined = read["written"][2], read["inlined"][2]
+    assert written.forward - inlined.forward == 512 * 512 * 4
+    assert read["inlined"][:2] == read["written"][:2]  # the peak is the backward loop's

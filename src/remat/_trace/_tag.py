@@ -279,27 +279,46 @@ def _open(inner: Any) -> tuple[Any, Sequence[Any]]:
 def flat_ranges(closed: Any, flat: Any) -> dict[int, tuple[int, int]] | None:
     """Per call equation the walk inlines (keyed by ``id``), the range ``[start, stop)`` of
     its equations in ``flat``; None where the walk does not match ``flat`` one for one (the
-    same primitive and output types at every index)."""
+    same primitive and output types at every index). The walk is traced as `flatten` traces
+    the body, so an equation that tracing computes at once (on constants only, such as
+    ``jnp.where``'s conversion of a Python scalar) is left out here as it is there
+    (`_folded`)."""
     ranges: dict[int, tuple[int, int]] = {}
-    flat_eqns = flat.jaxpr.eqns
-    j = 0
+    staged: list[Any] = []
 
-    def walk(jaxpr: Any) -> bool:
-        nonlocal j
+    def run(jaxpr: Any, consts: Sequence[Any], invals: Sequence[Any]) -> list[Any]:
+        env: dict = {}
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, invals, strict=True))
         for eqn in jaxpr.eqns:
+            ins = [_read(env, v) for v in eqn.invars]
             inner = _inner(eqn)
             if inner is not None:
-                start = j
-                if not walk(_open(inner)[0]):
-                    return False
-                ranges[id(eqn)] = (start, j)
-                continue
-            if j >= len(flat_eqns) or not _same(eqn, flat_eqns[j]):
-                return False
-            j += 1
-        return True
+                start = len(staged)
+                outs = run(*_open(inner), ins)
+                ranges[id(eqn)] = (start, len(staged))
+            else:
+                outs = _bind(eqn, ins)
+                if not _folded(outs):
+                    staged.append(eqn)
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [_read(env, v) for v in jaxpr.outvars]
 
-    return ranges if walk(closed.jaxpr) and j == len(flat_eqns) else None
+    specs = [aval_spec(v.aval) for v in closed.jaxpr.invars]
+    jax.make_jaxpr(lambda *a: run(closed.jaxpr, closed.consts, a))(*specs)
+    eqns = flat.jaxpr.eqns
+    if len(staged) != len(eqns) or not all(map(_same, staged, eqns)):
+        return None
+    return ranges
+
+
+def _folded(outs: Sequence[Any]) -> bool:
+    """Whether an equation's outputs were folded from constants by the trace (tracers that
+    hold their constant), so that the traced program leaves the equation out."""
+    return bool(outs) and all(
+        isinstance(o, jax.core.Tracer) and getattr(o, "get_const", lambda: None)() is not None
+        for o in outs
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -349,6 +368,9 @@ def eval_kept(
                     outs = run(*_open(inner), ins)
             else:
                 outs = _bind(eqn, ins)
+                if _folded(outs):  # computed from constants: not in the flattened body
+                    env.update(zip(eqn.outvars, outs, strict=True))
+                    continue
                 n = len(eqn.outvars)
                 outs = [
                     checkpoint_name(o, value_name(scan, j, k, n)) if is_tagged(v.aval) else o
