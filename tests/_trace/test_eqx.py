@@ -61,8 +61,14 @@ def make(d=8, layers=3, tokens=32):
     return model, x, jax.random.key(2)
 
 
-def test_split_keeps_arrays_as_leaves_and_the_rest_static():
-    model, x, key = make()
+@pytest.fixture(scope="module")
+def small():
+    """`make()`: built once (its modules initialise op by op), for the tests that only read it."""
+    return make()
+
+
+def test_split_keeps_arrays_as_leaves_and_the_rest_static(small):
+    model, x, key = small
     (split, x2, key2) = split_modules((model, x, key))
     assert isinstance(split, Split) and x2 is x and key2 is key
     arrays = jax.tree_util.tree_leaves(split)
@@ -75,8 +81,8 @@ def test_split_keeps_arrays_as_leaves_and_the_rest_static():
     assert float(combined(loss)(split, x, key)) == float(loss(model, x, key))
 
 
-def test_measure_is_the_measure_of_the_split_program():
-    model, x, key = make()
+def test_measure_is_the_measure_of_the_split_program(small):
+    model, x, key = small
     arrays, static = eqx.partition(model, eqx.is_array)
     by_hand = remat.measure(lambda a, x, k: loss(eqx.combine(a, static), x, k), arrays, x, key,
                             repeats=0)  # fmt: skip
@@ -86,8 +92,8 @@ def test_measure_is_the_measure_of_the_split_program():
     assert full.flops > m.flops and full.peak_bytes < m.peak_bytes
 
 
-def test_apply_lint_and_compare_take_the_module():
-    model, x, key = make()
+def test_apply_lint_and_compare_take_the_module(small):
+    model, x, key = small
     grads = eqx.filter_grad(remat.apply(loss, "full"))(model, x, key)
     assert_tree_allclose(grads, eqx.filter_grad(loss)(model, x, key))
     assert remat.lint(loss, model, x, key, strategy="full") == []
@@ -100,7 +106,7 @@ def test_planned_whole_at_35_percent_with_equinox_gradients(tmp_path):
     leaf, activation functions among its leaves), planned at 35% of its peak; the plan's
     gradients, and those of the plan saved and loaded, are ``eqx.filter_grad``'s of the loss,
     in the module's structure."""
-    model, x, key = make(layers=8, tokens=512)
+    model, x, key = make(layers=8, tokens=128)
     want = eqx.filter_value_and_grad(loss)(model, x, key)
     (plan,) = plan_budgets(loss, model, x, key, budgets=["35%"], verbose=False)
     assert isinstance(plan, remat.Plan), plan
