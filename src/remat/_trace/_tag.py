@@ -66,20 +66,31 @@ def _bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def _eval_inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+def _eval_inlined(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    args: Sequence[Any],
+    staged: list[Any] | None = None,
+    ranges: dict[int, tuple[int, int]] | None = None,
+) -> list[Any]:
+    """Evaluates ``jaxpr`` with its calls inlined (`_inner`). With ``staged`` and ``ranges``
+    (`flat_ranges`), appends each equation evaluated that the trace keeps (not `_folded`) to
+    ``staged``, and records per call inlined the range of ``staged`` its equations took."""
     env: dict = {}
     env.update(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
     for eqn in jaxpr.eqns:
         invals = [_read(env, v) for v in eqn.invars]
-        key = _INLINE.get(eqn.primitive.name)
-        if key is not None and key in eqn.params and (key != "jaxpr" or _inlined(eqn)):
-            inner = eqn.params[key]
-            inner_consts = inner.consts if hasattr(inner, "consts") else ()
-            inner = inner.jaxpr if hasattr(inner, "jaxpr") else inner
-            outs = _eval_inlined(inner, inner_consts, invals)
+        inner = _inner(eqn)
+        if inner is not None:
+            start = 0 if staged is None else len(staged)
+            outs = _eval_inlined(*_open(inner), invals, staged, ranges)
+            if ranges is not None and staged is not None:
+                ranges[id(eqn)] = (start, len(staged))
         else:
             outs = _bind(eqn, invals)
+            if staged is not None and not _folded(outs):
+                staged.append(eqn)
         env.update(zip(eqn.outvars, outs, strict=True))
     return [_read(env, v) for v in jaxpr.outvars]
 
@@ -280,32 +291,13 @@ def flat_ranges(closed: Any, flat: Any) -> dict[int, tuple[int, int]] | None:
     """Per call equation the walk inlines (keyed by ``id``), the range ``[start, stop)`` of
     its equations in ``flat``; None where the walk does not match ``flat`` one for one (the
     same primitive and output types at every index). The walk is traced as `flatten` traces
-    the body, so an equation that tracing computes at once (on constants only, such as
-    ``jnp.where``'s conversion of a Python scalar) is left out here as it is there
-    (`_folded`)."""
+    the body (`_eval_inlined`, the same walk), so an equation that tracing computes at once
+    (on constants only, such as ``jnp.where``'s conversion of a Python scalar) is left out
+    here as it is there (`_folded`)."""
     ranges: dict[int, tuple[int, int]] = {}
     staged: list[Any] = []
-
-    def run(jaxpr: Any, consts: Sequence[Any], invals: Sequence[Any]) -> list[Any]:
-        env: dict = {}
-        env.update(zip(jaxpr.constvars, consts, strict=True))
-        env.update(zip(jaxpr.invars, invals, strict=True))
-        for eqn in jaxpr.eqns:
-            ins = [_read(env, v) for v in eqn.invars]
-            inner = _inner(eqn)
-            if inner is not None:
-                start = len(staged)
-                outs = run(*_open(inner), ins)
-                ranges[id(eqn)] = (start, len(staged))
-            else:
-                outs = _bind(eqn, ins)
-                if not _folded(outs):
-                    staged.append(eqn)
-            env.update(zip(eqn.outvars, outs, strict=True))
-        return [_read(env, v) for v in jaxpr.outvars]
-
     specs = [aval_spec(v.aval) for v in closed.jaxpr.invars]
-    jax.make_jaxpr(lambda *a: run(closed.jaxpr, closed.consts, a))(*specs)
+    jax.make_jaxpr(lambda *a: _eval_inlined(closed.jaxpr, closed.consts, a, staged, ranges))(*specs)
     eqns = flat.jaxpr.eqns
     if len(staged) != len(eqns) or not all(map(_same, staged, eqns)):
         return None
