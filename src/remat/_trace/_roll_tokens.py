@@ -71,20 +71,29 @@ class _Tokens:
             return ("repr", repr(v))
         return v
 
-    def strict_key(self, e, loose: tuple | None = None) -> tuple:
-        literals = tuple(_literal(v) for v in e.invars if _is_lit(v))
-        return self._with_params(e, loose or self.loose_key(e), literals)
-
-    def _with_params(self, e, loose: tuple, literals: tuple) -> tuple:
+    def strict_key(
+        self, e, loose: tuple | None = None, positions: frozenset = frozenset()
+    ) -> tuple:
+        """The loose key (``loose``, else `loose_key`) with the parameters, the literal
+        values and the effects of ``e``; literals at ``positions`` as `loose_key` reads them."""
+        literals = tuple(
+            _literal(v) for j, v in enumerate(e.invars) if _is_lit(v) and j not in positions
+        )
         params = tuple(sorted((k, self.freeze(x)) for k, x in e.params.items()))
         effects = (id(e),) if e.effects else ()  # effectful equations never repeat
-        return (*loose, params, literals, effects)
+        return (*(loose or self.loose_key(e, positions)), params, literals, effects)
 
     def carry_key(self, e, positions: frozenset) -> tuple:
         """The strict key of ``e`` with its literal inputs at ``positions`` read as variables
         of their type: the first layer of a run that starts a carried value from a constant
         (``aux = 0.0``, then ``aux = aux + ...`` in every layer), where the later layers
         read the previous layer's variable."""
+        return self.strict_key(e, positions=positions)
+
+    @staticmethod
+    def loose_key(e, positions: frozenset = frozenset()) -> tuple:
+        """Primitive, input and output types of ``e``; a literal input is marked as one,
+        except at ``positions``, where it reads as a variable of its (strong) type."""
         ins = tuple(
             _aval(v.aval.update(weak_type=False))
             if j in positions
@@ -93,15 +102,6 @@ class _Tokens:
             else _aval(v.aval)
             for j, v in enumerate(e.invars)
         )
-        loose = (e.primitive.name, ins, tuple(_aval(v.aval) for v in e.outvars))
-        literals = tuple(
-            _literal(v) for j, v in enumerate(e.invars) if _is_lit(v) and j not in positions
-        )
-        return self._with_params(e, loose, literals)
-
-    @staticmethod
-    def loose_key(e) -> tuple:
-        ins = tuple(("lit", _aval(v.aval)) if _is_lit(v) else _aval(v.aval) for v in e.invars)
         return (e.primitive.name, ins, tuple(_aval(v.aval) for v in e.outvars))
 
 
