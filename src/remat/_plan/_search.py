@@ -221,9 +221,14 @@ def _priced_now(prep, know, solution, choice, limit) -> bool:
     ``know``'s charges as they were (it is priced again, and charged, in its turn)."""
     charged = dict(know.option_extra)
     priced = _priced(prep, know, solution, choice, limit) is not None
+    _put_back(know, charged)
+    return priced
+
+
+def _put_back(know: Knowledge, charged: dict) -> None:
+    """Restores ``know``'s charges per option (`Knowledge.option_extra`) to ``charged``."""
     know.option_extra.clear()
     know.option_extra.update(charged)
-    return priced
 
 
 def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair,
@@ -267,8 +272,7 @@ def _priced(prep, know, solution, choice, limit) -> float | None:
     priced = check_alone(prep, know, solution, choice, priced=True)
     if priced is not None and abs(priced[0] - limit) > SURE * abs(limit):
         return priced[0]
-    know.option_extra.clear()  # compiled alone next, and charged from that
-    know.option_extra.update(charged)
+    _put_back(know, charged)  # compiled alone next, and charged from that
     # The least it can keep (`_twolines`) clearly over: no compile, and nothing charged.
     least = check_alone(prep, know, solution, choice, priced=True, least=True)
     if least is not None and least[0] - limit > SURE * abs(limit):
