@@ -21,7 +21,7 @@ On the two models of `benchmarks/vs_torch.py` (the demo GPT's block stack and an
 
 Usage:
   PYTHONPATH=src python benchmarks/perlayer_bench.py [--arch gpt,mlp] [--budgets 40%,30%]
-      [--no-write]
+      [--no-write] [--plans-only]
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ PLAN_HEAD = (
 )
 
 
-def run(kind: str) -> dict:
+def run(kind: str, plans_only: bool = False) -> dict:
     sizes = vs_torch.FULL
     loss = vs_torch.make_jax_loss(kind, sizes["heads"])
     args = (
@@ -210,8 +210,8 @@ def run(kind: str) -> dict:
         jnp.asarray(vs_torch.init_inputs(kind, **sizes)),
     )
     print(f"== {kind}", flush=True)
-    form_rows = forms(loss, args)
-    solve_rows, prep_u, prep_m = solves(loss, args)
+    form_rows = [] if plans_only else forms(loss, args)
+    solve_rows, prep_u, prep_m = ([], 0.0, 0.0) if plans_only else solves(loss, args)
     plan_rows, one = plans(loss, args)
     return dict(kind=kind, solve_rows=solve_rows, prep=(prep_u, prep_m), plan_rows=plan_rows,
                 one=one, form_rows=form_rows)  # fmt: skip
@@ -265,10 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="gpt,mlp")
     parser.add_argument("--budgets", default=",".join(BUDGETS))
     parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument("--plans-only", action="store_true",
+                        help="only the plans table (no forms, no solves; implies --no-write): "
+                             "for a short run on another backend")  # fmt: skip
     args = parser.parse_args(argv)
+    args.no_write |= args.plans_only
     BUDGETS = tuple(args.budgets.split(","))
     start = time.perf_counter()
-    results = [run(kind) for kind in args.arch.split(",")]
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}", flush=True)
+    results = [run(kind, args.plans_only) for kind in args.arch.split(",")]
     for r in results:
         print_table(f"{r['kind']}: forms", FORM_HEAD, r["form_rows"])
         print_table(f"{r['kind']}: one solve", SOLVE_HEAD, r["solve_rows"])
