@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ._read_options import read_options
+
 _ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(.*):$", re.M)
 _COLOR = re.compile(r"\bcolor (\d+)\b")
 _HBM: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -135,7 +137,9 @@ def compile_measured(lowered: Any, options: dict[str, Any] | None = None) -> Any
       >>> compiled_hbm(compiled) is None  # a CPU program: its memory analysis is exact
       True
     """
-    if lowered_platform(lowered) != "tpu" or "xla_dump_to" in (options or {}):
+    platform = lowered_platform(lowered)
+    options = read_options(options, platform)
+    if platform != "tpu" or "xla_dump_to" in (options or {}):
         return lowered.compile(options)
     folder = tempfile.mkdtemp(prefix="remat-hbm-")
     try:

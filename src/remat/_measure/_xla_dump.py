@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._hbm import no_persistent_cache, record
+from ._hbm import lowered_platform, no_persistent_cache, record
+from ._read_options import read_options
 
 _NO_DUMP = (
     "`remat.memory`: XLA wrote no buffer assignment into its dump folder ({folder}: {files}); "
@@ -283,6 +284,7 @@ def compile_with_dump(lowered: Any, options: dict[str, Any] | None = None) -> tu
     afterwards) and read: ``(compiled, Dump)``."""
     import jax
 
+    options = read_options(options, lowered_platform(lowered))
     folder = tempfile.mkdtemp(prefix="remat-xla-")
     try:
         with no_persistent_cache():
