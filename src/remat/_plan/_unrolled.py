@@ -81,7 +81,7 @@ def plan_unrolled(
     strategies: tuple[str, ...] = (),
     saved: Budget | None = None,
 ) -> list[Plan | InfeasibleBudget]:
-    """Plans a program without scans at each budget (see the module docstring).
+    """Plans a program with layers to roll at each budget (see the module docstring).
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits. The
     rolled program's plans share what is learned about it (`_memo.Knowledge`): a plan
