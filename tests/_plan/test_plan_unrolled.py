@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -149,3 +151,62 @@ def test_no_roll_plans_only_the_programs_own_scans():
     layers = [layer_params(k) for k in jax.random.split(jax.random.key(0), 2)]
     with pytest.raises(ValueError, match="found no `scan`"):
         remat.plan(transformer, layers, X, budget=0.5, roll=False)
+
+
+### Layers in a Python loop beside the program's own scans
+
+DATA = Path(__file__).parent.parent / "data"
+XS = XM[:256]  # fewer rows: one round of planning
+
+
+def mlp(p, x):
+    return x + jnp.tanh(x @ p["up"]) @ p["down"]
+
+
+def beside_scans(params, x):
+    """A `lax.scan` over two stacked layers (scan 0), four more in a Python loop, and a loss
+    chunked with `lax.map` (scan 1): what the plan file in tests/data was made for."""
+    with jax.named_scope("stack"):
+        x, _ = jax.lax.scan(lambda h, p: (mlp(p, h), None), x, params["stack"])
+    for p in params["loop"]:
+        x = mlp(p, x)
+    return jax.lax.map(lambda h: jnp.sum(jnp.tanh(h) ** 2), x.reshape(4, -1, W)).sum() / len(x)
+
+
+def beside_params():
+    ks = jax.random.split(jax.random.key(3), 6)
+
+    def one(k, n=()):
+        a, b = jax.random.split(k)
+        return {"up": jax.random.normal(a, (*n, W, 4 * W)) / W**0.5,
+                "down": jax.random.normal(b, (*n, 4 * W, W)) / (2 * W)}  # fmt: skip
+
+    return {"stack": one(ks[0], (2,)), "loop": [one(k) for k in ks[2:]]}
+
+
+def test_layers_beside_scans_plan_below_what_their_scans_alone_reach():
+    """Checkpointing every scan of the program as written (`full`, without rolling) is the
+    least its own scans reach; with the loop rolled beside them a plan fits below it."""
+    params = beside_params()
+    alone = remat.measure(beside_scans, params, XS, strategy="full", roll=False, repeats=0)
+    plan = remat.plan(beside_scans, params, XS, budget="50%", schedules=False)
+    assert plan.budget_bytes < alone.peak_bytes
+    assert_plan(plan, beside_scans, params, XS)
+    assert {s.position for s in plan.scans} <= {0, 1, 2}
+    assert [(s.position, s.name) for s in remat.list_scans(beside_scans, params, XS)] == [
+        (0, "stack"), (1, ""), (2, "rolled_4_layers")
+    ]  # fmt: skip
+
+
+def test_a_plan_file_made_before_rolling_beside_scans_applies_to_the_same_scans():
+    """A plan of the program as written (made when remat rolled only programs without scans)
+    loads, and applies to scans 0 and 1 as it did: the loop is not rolled for it."""
+    params = beside_params()
+    path = DATA / "plan_scans_beside_loop.json"
+    plan = remat.load_plan(path, beside_scans, params, XS)
+    assert not plan.rolled and [s.position for s in plan.scans] == [0, 1]
+    planned = remat.apply(beside_scans, path)
+    eqns = jax.make_jaxpr(planned)(params, XS).eqns
+    assert [e.params["length"] for e in eqns if e.primitive.name == "scan"] == [2, 4]
+    want = jax.jit(jax.value_and_grad(beside_scans))(params, XS)
+    assert_tree_allclose(jax.jit(jax.value_and_grad(planned))(params, XS), want, scale=10.0)

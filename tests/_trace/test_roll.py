@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from jax.extend import core as jcore
 
 import remat
 from conftest import assert_tree_allclose
@@ -263,18 +264,73 @@ def test_a_debug_print_in_each_layer_is_named_as_the_side_effect():
     assert "parameters differ" not in why, why
 
 
-def test_layers_beside_a_scan_in_the_loss_are_named_as_not_rolled():
-    """A scan in the loss (``optax.ctc_loss`` scans over time) keeps the Python-loop layers
-    from rolling: `apply` says so rather than checkpointing nothing in silence."""
+def beside_scans(params, x):
+    """A `lax.scan` over two stacked layers (scan 0), three more layers in a Python loop, and
+    a loss chunked with `lax.map` over four chunks (scan 1)."""
 
-    def loss(params, x):
-        for p in params:
-            x = jnp.tanh(x @ p["w"])
-        return jax.lax.scan(lambda c, v: (c + jnp.sum(v), None), 0.0, x)[0]
+    def layer(p, h):
+        return jnp.tanh(h @ p["w"])
 
-    params = [{"w": jnp.eye(W)}] * 3
-    with pytest.warns(remat.RematWarning, match=r"left the repeated layers \(3 at .*\) as written"):
-        jax.make_jaxpr(remat.apply(loss, "full"))(params, X)
+    with jax.named_scope("stack"):
+        x, _ = jax.lax.scan(lambda h, p: (layer(p, h), None), x, params["stack"])
+    for p in params["loop"]:
+        x = layer(p, x)
+    return jax.lax.map(lambda h: jnp.sum(h**2), x.reshape(4, -1, W)).sum()
+
+
+BESIDE = {"stack": {"w": jnp.stack([jnp.eye(W)] * 2)}, "loop": [{"w": jnp.eye(W) * 0.9}] * 3}
+XB = jnp.linspace(-1.0, 1.0, 8 * W).reshape(8, W)
+
+
+def checkpointed_lengths(fn, *args):
+    """The lengths of the top-level scans of ``fn``'s program whose body checkpoints."""
+    eqns = jax.make_jaxpr(fn)(*args).eqns
+    return sorted(
+        e.params["length"]
+        for e in eqns
+        if e.primitive.name == "scan"
+        and any(s.primitive is jcore.primitives.remat_p for s in e.params["jaxpr"].eqns)
+    )
+
+
+def test_layers_beside_scans_roll_after_them():
+    """The program's own scans keep their positions and names; the rolled layers are scan 2,
+    checkpointed like any other, with the gradients of the program as written."""
+    written = remat.list_scans(beside_scans, BESIDE, XB, roll=False)
+    scans = remat.list_scans(beside_scans, BESIDE, XB)
+    assert [(s.position, s.name, s.length) for s in written] == [(0, "stack", 2), (1, "", 4)]
+    assert scans[:2] == written
+    rolled = scans[2]
+    assert (rolled.position, rolled.name, rolled.length) == (2, "rolled_3_layers", 3)
+    assert rolled.stacked == next(r.stacked for r in list_runs(beside_scans, BESIDE, XB))
+    full = remat.apply(beside_scans, "full")
+    assert checkpointed_lengths(full, BESIDE, XB) == [2, 3, 4]
+    want = jax.jit(jax.value_and_grad(beside_scans))(BESIDE, XB)
+    assert_tree_allclose(jax.jit(jax.value_and_grad(full))(BESIDE, XB), want, scale=10.0)
+
+
+@pytest.mark.parametrize(("selected", "lengths"), [(0, [2]), (1, [4]), ("stack", [2]), (2, [3])])
+def test_a_strategy_naming_a_scan_beside_rolled_layers_selects_it(selected, lengths):
+    strategy = remat.Strategy(policy="full", scans=(selected,))
+    assert checkpointed_lengths(remat.apply(beside_scans, strategy), BESIDE, XB) == lengths
+
+
+def test_layers_that_each_hold_a_scan_are_left_as_written():
+    """One rolled scan would fold the layers' scans into one and renumber them: `apply` warns
+    and leaves the layers, whose scans keep their positions."""
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.lax.scan(lambda c, v: (jnp.tanh(c * v), None), x, w)[0]
+        return jnp.sum(x**2)
+
+    ws = [jnp.ones((2, W))] * 3
+    assert list_runs(loss, ws, X) == []
+    assert remat.list_scans(loss, ws, X) == remat.list_scans(loss, ws, X, roll=False)
+    with pytest.warns(
+        remat.RematWarning, match=r"left the repeated layers \(3 at .*\) as written: each"
+    ):
+        assert checkpointed_lengths(remat.apply(loss, "full"), ws, X) == [2, 2, 2]
 
 
 ### Flax linen

@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--no-roll",
         action="store_true",
-        help="with --strategy: apply it to the program as written; by default repeated layers of a program without scans are rolled into scans first",
+        help="with --strategy: apply it to the program as written; by default repeated layers outside the program's scans are rolled into scans first",
     )
     parser.add_argument(
         "--has-aux",

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--no-roll",
         action="store_true",
-        help="plan only the program's own scans; by default a program without scans has its repeated layers rolled into scans (unless it fits as written)",
+        help="plan only the program's own scans; by default repeated layers outside the program's scans are rolled into scans (unless it fits as written)",
     )
     add_compile_target(parser)
     parser.set_defaults(func=run)

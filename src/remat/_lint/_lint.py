@@ -87,7 +87,7 @@ def lint(
         the compiler removed (RM005), when a checkpoint lies outside every loop; needs a
         scalar ``fn``; ``args`` may be `jax.ShapeDtypeStruct` s (the gradient is compiled,
         never run). Other findings need no compilation.
-      roll: with a strategy, roll the repeated layers of a program without scans into scans
+      roll: with a strategy, roll the repeated layers outside the program's scans into scans
         first, as `remat.apply` does; False checks the strategy on the program as written.
       target: compile for this TPU slice (a `remat.Target` or its name, ``"tpu:v5e:2x2"``):
         the arguments are placed on it as `remat.Target.place` places them (the first one

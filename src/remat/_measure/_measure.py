@@ -269,7 +269,7 @@ def measure(
         parameters ``args[argnums]`` and the optimizer state donated, as a training loop
         runs it (see `remat._measure._step`); ``argnums`` must then be one int. The
         optimizer state is made with ``optimizer.init`` (abstractly unless timed).
-      roll: with a strategy, roll the repeated layers of a program without scans into scans
+      roll: with a strategy, roll the repeated layers outside the program's scans into scans
         first, as `remat.apply` does (False: apply it to the program as written). The
         plain twin that the measurement is compared with is ``fn`` as written.
       override: passed to `remat.apply`: False keeps the program's own checkpoints (a scan

@@ -66,7 +66,7 @@ from ._mixes import finished
 from ._progress import Progress
 from ._result import InfeasibleBudget, Plan, fingerprint
 from ._rounds import plan_prepared
-from ._unrolled import has_scans, plan_unrolled
+from ._unrolled import plan_unrolled, plans_rolled
 
 _NO_OFFLOAD = "`remat.plan` got offload=True, but {reason}; planning without offloading."
 
@@ -139,11 +139,11 @@ def plan(
         training step (value and gradient, ``optimizer.update``, ``optax.apply_updates``,
         parameters and optimizer state donated), and ``plan.step(params, opt_state, *rest)``
         runs that step, returning ``(params, opt_state, loss)``. ``argnums`` must be one int.
-      roll: for a program without any scan (layers in a Python loop), plan it with its
-        repeated layers rolled into scans, unless it fits the budget as written (see
-        `remat._plan._unrolled`); the budget's fraction and the FLOPs are relative to the
-        program as written, and ``Plan.rolled`` says which was chosen. False plans only
-        the program's own scans.
+      roll: for a program with layers in a Python loop (beside scans of its own or not),
+        plan it with its repeated layers rolled into scans, numbered after its own, unless
+        it fits the budget as written (see `remat._plan._unrolled`); the budget's fraction
+        and the FLOPs are relative to the program as written, and ``Plan.rolled`` says which
+        was chosen. False plans only the program's own scans.
       verbose: show what the plan is doing on stderr (tracing, calibrating, solving,
         verifying round k, with the elapsed time) once it has taken more than 2 s; only
         where stderr is a terminal.
@@ -230,7 +230,7 @@ def plan(
     bandwidth = host_bandwidth if offload else None
     user = fn if has_modules(args) else None  # Equinox modules, split (see `_trace._eqx`)
     fn, args = with_modules_split(fn, args)
-    check_inputs(fn, args, spec)  # before `has_scans` traces ``fn``
+    check_inputs(fn, args, spec)  # before `plans_rolled` traces ``fn``
     progress = Progress(verbose)
     since = (tally(), time.perf_counter())
     with (
@@ -239,7 +239,7 @@ def plan(
         compiling_for(compile_device(args)),
         contextlib.closing(progress),
     ):
-        if roll and not has_scans(fn, args):
+        if roll and plans_rolled(fn, args):
             (result,) = plan_unrolled(fn, args, [budget], spec, schedules, max_rounds,
                                       device_memory, bandwidth, progress,
                                       per_layer=per_layer, strategies=strategies,
@@ -411,7 +411,7 @@ def plan_budgets(
         compiling_for(compile_device(args)),
         contextlib.closing(progress),
     ):
-        if roll and not has_scans(fn, args):
+        if roll and plans_rolled(fn, args):
             planned = plan_unrolled(fn, args, read, spec, schedules, max_rounds, None, None,
                                     progress, per_layer=per_layer,
                                     strategies=strategies, saved=saved)  # fmt: skip

@@ -272,9 +272,10 @@ class Plan:
       has_aux: ``fn`` returns ``(loss, aux)``.
       optimizer: the optax ``GradientTransformation`` the budget's step applies (None: the
         gradient step); not written to JSON (pass ``optimizer=`` to `remat.load_plan`).
-      rolled: the plan is for ``fn`` with its repeated layers rolled into scans (``roll=True``
-        on a program without scans); `load_plan` rolls them again. False for a program
-        planned as written (its own scans, or nothing to checkpoint).
+      rolled: the plan is for ``fn`` with its repeated layers rolled into scans
+        (``roll=True``), numbered after the program's own scans; `load_plan` and
+        `remat.apply` roll them again. False for a program planned as written (its own
+        scans, or nothing to checkpoint).
       stats: compiles and seconds it took (`PlanStats`; ``None`` for a loaded plan); not
         written to JSON.
       scan_fingerprint: hash of the planned scans' bodies (equations, shapes, dtypes), which

@@ -1,6 +1,8 @@
 """Planning a program whose layers run in a Python loop: roll them, or keep it as written.
 
-`remat.plan(fn, roll=True)` (the default) on a program whose traced jaxpr has no scan:
+`remat.plan(fn, roll=True)` (the default) on a program whose traced jaxpr has no scan, or
+has layers to roll beside its own scans (`plans_rolled`; the rolled scans are numbered after
+its own, `_trace._roll_rewrite`):
 
 1. The program as written is compiled once. It is the baseline: a budget given as a fraction
    is a fraction of its peak, and the plan's FLOPs are compared with its FLOPs.
@@ -39,7 +41,7 @@ from .._measure._step import Step
 from .._trace._rewrite import list_scans
 from .._trace._roll_explain import explain_no_roll
 from .._trace._roll_lift import lifted_runs
-from .._trace._roll_rewrite import roll_unscanned
+from .._trace._roll_rewrite import list_runs, roll_unscanned
 from ._calibrate import prepare
 from ._compile import compile_measure, peak_of
 from ._memo import Knowledge
@@ -54,13 +56,15 @@ _NOTHING_ROLLS = (
 )
 
 
-def has_scans(fn: Callable[..., Any], args: Sequence[Any]) -> bool:
-    """Whether ``fn`` traced at ``args`` has a scan of its own; True when it cannot be traced
-    as given (`prepare` checks the arguments and says what is wrong)."""
+def plans_rolled(fn: Callable[..., Any], args: Sequence[Any]) -> bool:
+    """Whether `remat.plan(roll=True)` plans ``fn`` here: it has no scan of its own (when
+    nothing rolls either, `plan_unrolled` says why), or repeated layers to roll beside its
+    scans. False when it cannot be traced as given (`prepare` checks the arguments and says
+    what is wrong)."""
     try:
-        return bool(list_scans(fn, *args, roll=False))
+        return not list_scans(fn, *args, roll=False) or bool(list_runs(fn, *args))
     except (TypeError, ValueError):
-        return True
+        return False
 
 
 def plan_unrolled(
@@ -77,7 +81,7 @@ def plan_unrolled(
     strategies: tuple[str, ...] = (),
     saved: Budget | None = None,
 ) -> list[Plan | InfeasibleBudget]:
-    """Plans a program without scans at each budget (see the module docstring).
+    """Plans a program with layers to roll at each budget (see the module docstring).
 
     Returns one `Plan` per budget, or the `InfeasibleBudget` error where none fits. The
     rolled program's plans share what is learned about it (`_memo.Knowledge`): a plan

@@ -105,7 +105,7 @@ def compare(
       has_aux: ``fn`` returns ``(loss, aux)``, as in `jax.value_and_grad`.
       optimizer: an optax ``GradientTransformation``: measure the whole training step, as
         `remat.measure` does with it (parameters and optimizer state donated).
-      roll: roll the repeated layers of a program without scans into scans before applying
+      roll: roll the repeated layers outside the program's scans into scans before applying
         each strategy, as `remat.apply` does; False applies them to the program as written.
       override: `remat.apply`'s: False keeps the program's own checkpoints, True replaces
         them by each strategy. Where the program checkpoints already, a strategy whose peak

@@ -28,7 +28,7 @@ from ._checkpoints import _is_remat, checkpoint_sites, contains_checkpoint
 from ._rewrite import _NOT_CALLABLE, Body, _Interpreter, lax_loop
 from ._roll_explain import explain_no_roll
 from ._roll_rewrite import roll_unscanned
-from ._scan_info import ScanInfo, count, count_eqn, sub_jaxprs
+from ._scan_info import ScanInfo, count, count_eqn, position_of, sub_jaxprs
 from ._traced import _rewritten, _Traced
 
 _NO_SCAN = (
@@ -96,12 +96,13 @@ def apply(
     the scan with `remat.scan` (``"none"``: a plain `lax.scan`). A program without any scan
     gets the policy on the whole function (``prevent_cse=True``), with a `RematWarning`.
 
-    With ``roll=True`` (the default), a program without any scan whose layers repeat (a
-    Python loop over a list of layers, in linen, nnx, Equinox or plain JAX) is rolled first:
-    each run of identical layers becomes a `lax.scan` over the per-layer inputs stacked
-    inside the step (see `remat.list_scans` and docs/rolling.md for what stacking costs),
-    and the strategy applies to it like to any scan. A program with scans is left as it
-    is. When nothing can be rolled, the warning says why in one line.
+    With ``roll=True`` (the default), layers that repeat outside any scan (a Python loop
+    over a list of layers, in linen, nnx, Equinox or plain JAX) are rolled first: each run
+    of identical layers becomes a `lax.scan` over the per-layer inputs stacked inside the
+    step (see `remat.list_scans` and docs/rolling.md for what stacking costs), and the
+    strategy applies to it like to any scan. The program's own scans keep their positions:
+    the rolled scans are numbered after them. When nothing can be rolled in a program
+    without scans, the warning says why in one line.
 
     Args:
       fn: the function; pytree arguments, keyword arguments and pytree outputs.
@@ -117,8 +118,8 @@ def apply(
         this changes nothing: the rewritten function returns what ``fn`` returns, ready for
         ``jax.value_and_grad(..., has_aux=True)``. Accepted for symmetry with `remat.measure`
         and `remat.plan`.
-      roll: roll repeated layers of a program without scans into scans first (see above);
-        False checkpoints the program as written.
+      roll: roll repeated layers outside the program's scans into scans first (see
+        above); False checkpoints the program as written.
       override: what to do with the program's own checkpoints (`jax.checkpoint`,
         `flax.linen.remat`, `nnx.remat`). False (the default) keeps them: a scan whose body
         already checkpoints is left as written, and so are scans inside a checkpoint, with
@@ -322,7 +323,7 @@ def _covered(jaxpr, base: int, inside: bool, out: set[int], memo) -> None:
     for eqn in jaxpr.eqns:
         if eqn.primitive is jcore.primitives.scan_p:
             if inside:
-                out.add(base)
+                out.add(position_of(eqn, base))
             _covered(eqn.params["jaxpr"].jaxpr, base + 1, inside, out, memo)
         else:
             b = base

@@ -41,7 +41,7 @@ from jax.extend import core as jcore
 from .._core._scan_params import scan_counts
 from ._periodic import periodic_loop
 from ._rewrite import _Interpreter
-from ._scan_info import count_eqn, scan_info, sub_jaxprs
+from ._scan_info import count_eqn, position_of, scan_info, sub_jaxprs
 from ._traced import _rewritten
 
 _P = jcore.primitives
@@ -143,7 +143,7 @@ def top_scan(jaxpr: jcore.Jaxpr, position: int) -> int | None:
     memo: dict[int, int] = {}
     base = 0
     for j, eqn in enumerate(jaxpr.eqns):
-        if eqn.primitive is _P.scan_p and base == position:
+        if eqn.primitive is _P.scan_p and position_of(eqn, base) == position:
             return j
         base += count_eqn(eqn, memo)
     return None

@@ -52,7 +52,17 @@ from jax.extend import core as jcore
 
 from .._core._errors import brief
 from ._roll_rewrite import rolled_scans
-from ._scan_info import ScanInfo, count, count_eqn, inner_scope, scan_info, sub_jaxprs
+from ._scan_info import (
+    ScanInfo,
+    count,
+    count_eqn,
+    holds_scan,
+    inner_scope,
+    mark_rolled,
+    rolled_position,
+    scan_info,
+    sub_jaxprs,
+)
 from ._scan_info import _source as _source  # imported from here by `_costmodel`
 from ._state import has_nodes, lift, merged
 from ._traced import _rewritten, _split_args, _trace, _Traced
@@ -72,16 +82,16 @@ def list_scans(
     """Lists the scans of ``fn`` traced at ``args``/``kwargs``, in depth-first order.
 
     Use it to find the positions and names to put in `remat.Strategy(scans=...)`. With
-    ``roll=True`` a program without any scan whose layers repeat (a Python loop over a list
+    ``roll=True`` a program whose layers repeat outside any scan (a Python loop over a list
     of layers) is listed as `remat.apply` sees it: one scan per run of identical layers,
     named ``rolled_{k}_layers``, with the first layer's source line and what is stacked
-    (``ScanInfo.stacked``). A program with scans is listed as it is.
+    (``ScanInfo.stacked``), numbered after the program's own scans (which keep the
+    positions ``roll=False`` lists).
 
     Args:
       fn: the function; it is traced, not run.
       *args: positional arguments: arrays, or `jax.ShapeDtypeStruct` to avoid allocating.
-      roll: list the rolled scans of a program without scans (see above); False lists
-        the program as written.
+      roll: list the rolled scans too (see above); False lists the program as written.
       **kwargs: keyword arguments.
 
     Returns:
@@ -120,11 +130,15 @@ def lax_loop(info: ScanInfo, body: Body, consts, init, xs):
     """Runs ``body`` with `lax.scan` and the scan's own length, direction and unroll.
 
     JAX 0.10's ``scan`` equation has no ``_split_transpose`` parameter (`lax.scan` accepts the
-    argument and ignores it), so there is nothing else to carry over.
+    argument and ignores it), so there is nothing else to carry over. A rolled scan stays
+    marked as one (`mark_rolled`), so it keeps its position in the program this makes.
     """
 
     def step(carry, x):
         return body(consts, carry, x)
+
+    if rolled_position(info.jaxpr) is not None:
+        mark_rolled(step, info.position)
 
     return lax.scan(
         step, list(init), list(xs), length=info.length, reverse=info.reverse, unroll=info.unroll
@@ -135,7 +149,7 @@ def lax_loop(info: ScanInfo, body: Body, consts, init, xs):
 class _Interpreter:
     transform: Transform
     loop: Loop
-    memo: dict[int, int]
+    memo: dict
     # The program's own checkpoints: "rewrite" rebuilds them around their rewritten scans,
     # "keep" binds them as they are (their scans untouched: `apply`'s default), "inline"
     # removes them (`apply(..., override=True)`).
@@ -181,7 +195,7 @@ class _Interpreter:
             return self.eval(params["jaxpr"], (), invals, base, inner_path, inner_rel)
         if prim is _P.remat_p and self.checkpoints == "keep":
             return prim.bind(*invals, **prim.get_bind_params(params))
-        if not subs or not any(count(j, self.memo) for j in subs):
+        if not subs or not any(holds_scan(j, self.memo) for j in subs):
             return prim.bind(*invals, **prim.get_bind_params(params))
         inner_path, inner_rel = inner_scope(eqn, path, rel)
 
@@ -212,7 +226,7 @@ class _Interpreter:
     def eval_scan(self, eqn, invals, base, path, rel):
         info = scan_info(eqn, base, path, rel)
         closed = info.jaxpr
-        n_inner = count(closed.jaxpr, self.memo)
+        n_inner = holds_scan(closed.jaxpr, self.memo)
 
         def body(consts, carry, xs, tag=None):
             outs = self.eval(

@@ -96,6 +96,8 @@ class Run:
       name: the rolled scan's name, ``rolled_{length}_layers``; a later run of as many
         layers in the same program gets ``rolled_{length}_layers_2``, ``_3``, ... so that each
         name selects one scan (an encoder and a decoder of three layers each).
+      position: the rolled scan's position among the program's scans, set when it is rolled
+        (`_roll_rewrite.numbered_runs`): after the program's own scans, in depth-first order.
     """
 
     path: tuple[int, ...]
@@ -109,6 +111,7 @@ class Run:
     hoisted: int
     plan: _RunPlan = dataclasses.field(repr=False, compare=False)
     name: str = ""
+    position: int = 0
 
     @property
     def stop(self) -> int:

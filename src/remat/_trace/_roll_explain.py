@@ -95,47 +95,37 @@ def explain_no_roll(closed_jaxpr: jcore.ClosedJaxpr) -> str:
     return f"no repeated structure found: no sequence of equations repeats ({len(eqns)} equations)"
 
 
-_NOT_ROLLED = (
-    "`remat` left the repeated layers ({runs}) as written: the program has a "
-    "`scan` of its own ({scan}), and remat rolls layers only in programs without one, so no "
-    "strategy or plan reaches them. Put the layers in a scan (`jax.lax.scan`, `nn.scan`, "
-    "`nnx.scan`), or compute what scans (a loss such as `optax.ctc_loss`) outside the "
-    "function that remat is given."
+_NESTED = (
+    "`remat` left the repeated layers ({runs}) as written: each layer holds a `scan` of its "
+    "own, and one rolled scan would fold those into one and move the positions of the "
+    "program's scans. Each of their scans is planned and checkpointed as any other; to "
+    "checkpoint the rest of each layer too, put the layers in a scan yourself "
+    "(`jax.lax.scan`, `nn.scan`, `nnx.scan`)."
 )
 
 
-def unrolled_beside_scans(closed_jaxpr: jcore.ClosedJaxpr, scans: list) -> str | None:
-    """Why the repeated layers of a program that has scans of its own are not rolled, or
-    None where it has none outside its scans (runs whose layers hold a scan are scans).
+def nested_not_rolled(runs: list) -> str | None:
+    """Why runs of repeated layers that each hold a scan are left as written, or None
+    where there are none (``runs``: the `Run`s `_roll_rewrite.numbered_runs` leaves).
 
     Example:
       >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._roll_rewrite import numbered_runs
       >>> def f(ws, x):
       ...     for w in ws:
-      ...         x = jnp.tanh(x @ w)
-      ...     return jax.lax.scan(lambda c, v: (c + v, None), 0.0, x)[0]
-      >>> closed = jax.make_jaxpr(f)([jnp.eye(3)] * 4, jnp.ones(3))
-      >>> "left the repeated layers (4 at " in unrolled_beside_scans(closed, ["s"])
+      ...         x = jax.lax.scan(lambda c, v: (jnp.tanh(c * v), None), x, w)[0]
+      ...     return x.sum()
+      >>> _, _, left = numbered_runs(jax.make_jaxpr(f)([jnp.ones((2, 3))] * 3, jnp.ones(3)), 3)
+      >>> "left the repeated layers (3 at " in nested_not_rolled(left)
       True
     """
-    if not scans:
+    if not runs:
         return None
-    closed_jaxpr, runs = lifted_runs(closed_jaxpr)
-    eqns = closed_jaxpr.jaxpr.eqns
-    left = [
-        f"{run.length} at {run.source}"
-        for run in runs
-        if run.path == ()
-        and not any(_holds_scan(e) for e in eqns[run.start : run.start + run.length * run.period])
-    ]
-    if not left:
-        return None
-    scan = scans[0]
-    where = getattr(scan, "source", None) or getattr(scan, "name", None) or "scan 0"
-    return _NOT_ROLLED.format(runs=", ".join(left), scan=where)
+    return _NESTED.format(runs=", ".join(f"{run.length} at {run.source}" for run in runs))
 
 
-def _holds_scan(eqn) -> bool:
+def holds_scan(eqn) -> bool:
+    """Whether ``eqn`` is a scan or has one in any of its sub-programs."""
     if eqn.primitive.name == "scan":
         return True
-    return any(_holds_scan(e) for _, _, sub in subjaxprs(eqn) for e in sub.eqns)
+    return any(holds_scan(e) for _, _, sub in subjaxprs(eqn) for e in sub.eqns)

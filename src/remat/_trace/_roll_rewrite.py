@@ -26,10 +26,17 @@ Each scan runs under ``jax.named_scope(run.name)`` (``rolled_{k}_layers``, numbe
 ``_2`` for a later run of as many layers) and keeps the first layer's
 source line, so `remat.list_scans` shows it with a name, a length and a line.
 
+Beside the program's own scans. A program may have scans of its own (a `jax.lax.map`
+chunked loss, a `lax.scan` over some layers) and layers in a Python loop too. Its own scans
+keep their positions and names: the rolled scans are numbered after them
+(`numbered_runs`; `_scan_info.mark_rolled` marks each rolled scan with its position), so a
+strategy or a plan that names a scan by position, and `remat.list_scans(fn, roll=False)`,
+mean the same scans with and without rolling. Layers that each hold a scan are left as
+written (with a warning from `roll_unscanned`): one rolled scan would fold their scans into
+one and renumber the program's scans.
+
 `roll_unscanned` is what ``roll=True`` (the default of `remat.apply`, `remat.list_scans`,
-`remat.measure`, `remat.compare`, `remat.plan` and `remat.lint`) does: a program whose
-traced jaxpr has a scan already is left exactly as it is (its scans are the layers, and
-their positions stay what `remat.list_scans(fn, roll=False)` says); one without is rolled.
+`remat.measure`, `remat.compare`, `remat.plan` and `remat.lint`) does.
 """
 
 from __future__ import annotations
@@ -49,9 +56,9 @@ from jax.extend import core as jcore
 from .._core._errors import brief
 from .._core._warnings import RematWarning
 from ._roll_detect import Run
-from ._roll_explain import unrolled_beside_scans
+from ._roll_explain import holds_scan, nested_not_rolled
 from ._roll_lift import lifted_runs
-from ._scan_info import ScanInfo, walk
+from ._scan_info import ScanInfo, mark_rolled, scans_of
 from ._traced import _rewritten, _split_args, _trace
 
 _P = jcore.primitives
@@ -119,7 +126,7 @@ def _run_scan(run: Run, eqns, env) -> None:
 
     traceback = eqns[s].source_info.traceback
     with source_info_util.user_context(traceback), jax.named_scope(run.name):
-        carry, ys = lax.scan(step, init, jnp.arange(k), length=k)
+        carry, ys = lax.scan(mark_rolled(step, run.position), init, jnp.arange(k), length=k)
     last = s + (k - 1) * p
     for (q, o), value in zip(plan.carry, carry, strict=True):
         env[eqns[last + q].outvars[o]] = value
@@ -165,8 +172,8 @@ def roll_jaxpr(
 
     Args:
       closed_jaxpr: the program, e.g. from `jax.make_jaxpr`.
-      runs: the runs to roll, from `lifted_runs(closed_jaxpr)` (the default: the program's
-        per-layer constants lifted first, `_roll_lift`).
+      runs: the runs to roll, from `numbered_runs` (the default: those of ``closed_jaxpr``,
+        its per-layer constants lifted first, `_roll_lift`).
       path: where ``closed_jaxpr`` sits in the program the runs were found in (used when
         rolling inside a `jax.jit` sub-program).
 
@@ -185,7 +192,7 @@ def roll_jaxpr(
       ['iota', 'scan', 'reduce_sum']
     """
     if runs is None:
-        closed_jaxpr, runs = lifted_runs(closed_jaxpr)
+        closed_jaxpr, runs, _ = numbered_runs(closed_jaxpr, len(scans_of(closed_jaxpr.jaxpr)))
     specs = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
         for a in closed_jaxpr.in_avals
@@ -233,23 +240,76 @@ def roll(fn: Callable[..., Any]) -> Callable[..., Any]:
     """
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
-
-    def evaluator(traced):
-        closed, runs = lifted_runs(traced.jaxpr)
-        runs = tuple(runs)
-
-        def evaluate(*dynamic):
-            return _evaluate(closed.jaxpr, closed.consts, dynamic, runs)
-
-        return evaluate
-
-    fn2 = _rewritten(fn, evaluator)
+    fn2 = _rolled(fn, warn=False)
 
     def runs(*args, **kwargs) -> tuple[Run, ...]:
         return tuple(list_runs(fn, *args, **kwargs))
 
     fn2.runs = runs
     return fn2
+
+
+def _rolled(fn: Callable[..., Any], warn: bool) -> Callable[..., Any]:
+    """``fn`` with the runs `numbered_runs` keeps rolled; ``warn``: say which it leaves."""
+
+    def evaluator(traced):
+        closed, runs, left = numbered_runs(traced.jaxpr, len(traced.scans))
+        why = nested_not_rolled(left) if warn else None
+        if why is not None:
+            warnings.warn(why, RematWarning, stacklevel=3)
+
+        def evaluate(*dynamic):
+            return _evaluate(closed.jaxpr, closed.consts, dynamic, runs)
+
+        return evaluate
+
+    return _rewritten(fn, evaluator)
+
+
+def _layers(jaxpr: jcore.Jaxpr, run: Run) -> list[Any]:
+    """The equations of ``run``'s layers in ``jaxpr``, the program it was found in."""
+    for i in run.path:
+        eqn = jaxpr.eqns[i]
+        jaxpr = (eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")).jaxpr
+    return jaxpr.eqns[run.start : run.stop]
+
+
+def numbered_runs(
+    closed_jaxpr: jcore.ClosedJaxpr, first: int
+) -> tuple[jcore.ClosedJaxpr, tuple[Run, ...], list[Run]]:
+    """The runs to roll in a program with ``first`` scans of its own, and those left.
+
+    Args:
+      closed_jaxpr: the program, e.g. from `jax.make_jaxpr`.
+      first: the number of scans the program has (`remat.list_scans(fn, roll=False)`):
+        the first rolled scan's position.
+
+    Returns:
+      ``(program, runs, left)``: the program with its per-layer constants lifted
+      (`lifted_runs`), which the runs index; the runs to roll, each with its ``position``
+      (from ``first`` on, in depth-first order); and the runs left as written, whose layers
+      each hold a scan (see the module docstring).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from remat._trace._roll_rewrite import numbered_runs
+      >>> def f(ws, x):
+      ...     for w in ws:
+      ...         x = jnp.tanh(x @ w)
+      ...     return jax.lax.map(jnp.sum, x)
+      >>> _, runs, left = numbered_runs(jax.make_jaxpr(f)([jnp.eye(3)] * 4, jnp.ones((2, 3))), 1)
+      >>> [(r.length, r.position) for r in runs], left
+      ([(4, 1)], [])
+    """
+    closed_jaxpr, runs = lifted_runs(closed_jaxpr)
+    jaxpr = closed_jaxpr.jaxpr
+    nested = [any(holds_scan(e) for e in _layers(jaxpr, r)) for r in runs]
+    order = sorted((k for k, n in enumerate(nested) if not n),
+                   key=lambda k: (*runs[k].path, runs[k].start))  # fmt: skip
+    position = {k: first + i for i, k in enumerate(order)}
+    kept = tuple(dataclasses.replace(r, position=position[k]) for k, r in enumerate(runs)
+                 if k in position)  # fmt: skip
+    return closed_jaxpr, kept, [r for r, n in zip(runs, nested, strict=True) if n]
 
 
 def list_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Run]:
@@ -261,7 +321,7 @@ def list_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Run]:
       **kwargs: keyword arguments.
 
     Returns:
-      The runs `find_runs` finds in the traced program.
+      The runs `numbered_runs` keeps in the traced program.
 
     Example:
       >>> import jax.numpy as jnp
@@ -274,14 +334,13 @@ def list_runs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Run]:
       [(3, '3')]
     """
     leaves, treedef, _, _ = _split_args(args, kwargs)
-    return lifted_runs(_trace(fn, leaves, treedef).jaxpr)[1]
+    traced = _trace(fn, leaves, treedef)
+    return list(numbered_runs(traced.jaxpr, len(traced.scans))[1])
 
 
 def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with its runs of identical layers rolled, when its program has no scan.
-
-    Like `roll`, except that a program whose traced jaxpr has a ``scan`` anywhere is
-    evaluated as it is: its scans already hold the layers (see the module docstring).
+    """``fn`` with its layers that run outside any scan rolled: `roll`, which also warns
+    about the runs it leaves as written (layers that each hold a scan).
 
     Args:
       fn: the function; pytree arguments and outputs.
@@ -302,54 +361,25 @@ def roll_unscanned(fn: Callable[..., Any]) -> Callable[..., Any]:
     """
     if not callable(fn):
         raise TypeError(_NOT_CALLABLE.format(got=brief(fn)))
-
-    def evaluator(traced):
-        if traced.scans:
-            closed, runs = traced.jaxpr, ()
-            why = unrolled_beside_scans(traced.jaxpr, traced.scans)
-            if why is not None:
-                warnings.warn(why, RematWarning, stacklevel=2)
-        else:
-            closed, runs = lifted_runs(traced.jaxpr)
-            runs = tuple(runs)
-
-        def evaluate(*dynamic):
-            return _evaluate(closed.jaxpr, closed.consts, dynamic, runs)
-
-        return evaluate
-
-    return _rewritten(fn, evaluator)
+    return _rolled(fn, warn=True)
 
 
 def rolled_scans(fn: Callable[..., Any], args, kwargs, check: bool = True) -> list[ScanInfo]:
-    """The scans of ``roll_unscanned(fn)`` at these inputs, each rolled one with ``stacked``.
-
-    For a program with scans, its own scans; else one scan per run of layers, named
-    ``rolled_{k}_layers`` (``rolled_{k}_layers_2``, ... for later runs of as many layers), with the first layer's source line and ``stacked`` set to the
-    shapes and dtypes (of one layer) of the per-layer inputs stacked for it.
+    """The scans of ``roll_unscanned(fn)`` at these inputs, in order of position: the
+    program's own, then one per run of layers, named ``rolled_{k}_layers``
+    (``rolled_{k}_layers_2``, ... for later runs of as many layers), with the first layer's
+    source line and ``stacked`` set to the shapes and dtypes (of one layer) of the
+    per-layer inputs stacked for it.
     """
     leaves, treedef, _, _ = _split_args(args, kwargs)
     traced = _trace(fn, leaves, treedef, check=check)
-    if traced.scans:
-        return list(traced.scans)
-    closed, runs = lifted_runs(traced.jaxpr)
+    closed, runs, _ = numbered_runs(traced.jaxpr, len(traced.scans))
     if not runs:
-        return []
-    scans: list[ScanInfo] = []
-    walk(roll_jaxpr(closed, runs).jaxpr, 0, (), (), scans, {})
-    waiting = list(runs)
-    out = []
-    for info in scans:
-        match = next(
-            (
-                r
-                for r in waiting
-                if info.name == r.name and info.length == r.length and info.source == r.source
-            ),
-            None,
-        )
-        if match is not None:
-            waiting.remove(match)
-            info = dataclasses.replace(info, stacked=match.stacked)
-        out.append(info)
-    return out
+        return list(traced.scans)
+    by_position = {r.position: r for r in runs}
+    return [
+        dataclasses.replace(info, stacked=by_position[info.position].stacked)
+        if info.position in by_position
+        else info
+        for info in scans_of(roll_jaxpr(closed, runs).jaxpr)
+    ]

@@ -1,7 +1,11 @@
 """The scans of a traced program: `ScanInfo`, their positions, names and source lines.
 
 Positions. Scans are numbered 0, 1, ... in depth-first order of appearance: a scan comes
-before the scans in its body, which come before the next scan after it.
+before the scans in its body, which come before the next scan after it. A scan that remat
+rolled from layers written in a Python loop (`_roll_rewrite`) is numbered after all of the
+program's own scans, so rolling never moves them: its step function is named
+``remat_rolled_step_{position}`` (`mark_rolled`), which `rolled_position` reads back, and the
+depth-first count (`count`, `count_eqn`) passes over it.
 
 Names. A scan's *name* is the innermost `jax.named_scope` / `jax.named_call` (or `jax.jit`-ed
 function's name) opened between the enclosing scan body (or the program itself) and the
@@ -134,8 +138,39 @@ def _body_module(eqn) -> str:
     return next(iter(leading)) if len(leading) == 1 else ""
 
 
+_ROLLED = "remat_rolled_step_"  # the name of a rolled scan's step function, then its position
+
+
+def mark_rolled(step, position: int):
+    """Names ``step`` (a scan's step function) as the step of the rolled scan at ``position``
+    (see the module docstring); returns it."""
+    step.__name__ = step.__qualname__ = f"{_ROLLED}{position}"
+    return step
+
+
+def rolled_position(body: jcore.ClosedJaxpr) -> int | None:
+    """The position of the rolled scan whose body is ``body`` (`mark_rolled`), None for any
+    other scan.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> step = mark_rolled(lambda c, x: (c + x, None), 7)
+      >>> eqn, = jax.make_jaxpr(lambda xs: jax.lax.scan(step, 0.0, xs)[0])(jnp.ones(3)).eqns
+      >>> rolled_position(eqn.params["jaxpr"]), rolled_position(eqn.params["jaxpr"]) is None
+      (7, False)
+    """
+    info = body.jaxpr.debug_info
+    name = (getattr(info, "func_src_info", None) or "").partition(" at ")[0]
+    tail = name[len(_ROLLED) :] if name.startswith(_ROLLED) else ""
+    return int(tail) if tail.isdigit() else None
+
+
 def scan_info(eqn, position: int, path: tuple[str, ...], rel: tuple[str, ...]) -> ScanInfo:
+    """The `ScanInfo` of the scan ``eqn``, numbered ``position`` unless it is a rolled scan
+    (which keeps its own position: see the module docstring)."""
     p = eqn.params
+    rolled = rolled_position(p["jaxpr"])
+    position = position if rolled is None else rolled
     num_consts, num_carry = scan_counts(p)
     own = rel + scopes(eqn)
     return ScanInfo(
@@ -169,15 +204,32 @@ def sub_jaxprs(eqn) -> list[jcore.Jaxpr]:
     return []
 
 
-def count(jaxpr: jcore.Jaxpr, memo: dict[int, int]) -> int:
-    """Number of scans in ``jaxpr``, nested ones included."""
+def count(jaxpr: jcore.Jaxpr, memo: dict) -> int:
+    """Number of scans in ``jaxpr`` numbered in depth-first order, nested ones included
+    (rolled scans, numbered after them, are not: see the module docstring)."""
     key = id(jaxpr)
     if key not in memo:
-        memo[key] = sum(
-            (eqn.primitive is _P.scan_p) + sum(count(j, memo) for j in sub_jaxprs(eqn))
+        memo[key] = sum(count_eqn(eqn, memo) for eqn in jaxpr.eqns)
+    return memo[key]
+
+
+def holds_scan(jaxpr: jcore.Jaxpr, memo: dict) -> bool:
+    """Whether ``jaxpr`` has a scan, rolled or not, in it or in a sub-program."""
+    key = ("holds", id(jaxpr))
+    if key not in memo:
+        memo[key] = any(
+            eqn.primitive is _P.scan_p or any(holds_scan(j, memo) for j in sub_jaxprs(eqn))
             for eqn in jaxpr.eqns
         )
     return memo[key]
+
+
+def scans_of(jaxpr: jcore.Jaxpr) -> list[ScanInfo]:
+    """The scans of a program, in order of position: its own in depth-first order, then
+    the rolled ones (see the module docstring)."""
+    out: list[ScanInfo] = []
+    walk(jaxpr, 0, (), (), out, {})
+    return sorted(out, key=lambda info: info.position)
 
 
 def walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
@@ -197,8 +249,15 @@ def walk(jaxpr, base, path, rel, out: list[ScanInfo], memo) -> None:
 
 
 def count_eqn(eqn, memo) -> int:
-    """Number of scans an equation is or contains."""
-    return (eqn.primitive is _P.scan_p) + sum(count(j, memo) for j in sub_jaxprs(eqn))
+    """Number of scans numbered in depth-first order that an equation is or contains."""
+    own = eqn.primitive is _P.scan_p and rolled_position(eqn.params["jaxpr"]) is None
+    return own + sum(count(j, memo) for j in sub_jaxprs(eqn))
+
+
+def position_of(eqn, base: int) -> int:
+    """The position of the scan ``eqn`` met at depth-first position ``base``."""
+    rolled = rolled_position(eqn.params["jaxpr"])
+    return base if rolled is None else rolled
 
 
 def inner_scope(eqn, path, rel):

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from ._scan_info import ScanInfo, walk
+from ._scan_info import ScanInfo, scans_of
 from ._state import check_unchanged, has_nodes, lift, merged, write_back
 
 
@@ -146,8 +146,7 @@ def _trace_now(fn, leaves, treedef, check=True) -> _Traced:
 
     specs = [_spec(x) for x, d in zip(leaves, is_dyn, strict=True) if d]
     closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*specs)
-    scans: list[ScanInfo] = []
-    walk(closed.jaxpr, 0, (), (), scans, {})
+    scans = scans_of(closed.jaxpr)
     return _Traced(closed, jax.tree_util.tree_structure(out_shape), tuple(scans))
 
 
