@@ -54,7 +54,8 @@ def make():
     """The next-token cross-entropy and its arguments (parameters, a batch of tokens)."""
     model = GPT()
     tokens = jax.random.randint(jax.random.key(1), (BATCH, SEQ + 1), 0, VOCAB)
-    params = model.init(jax.random.key(0), tokens[:, :-1])["params"]
+    # under jax.jit: one compile for the whole initialisation, not one per operation
+    params = jax.jit(model.init)(jax.random.key(0), tokens[:, :-1])["params"]
 
     def loss(params, tokens):
         logits = model.apply({"params": params}, tokens[:, :-1])

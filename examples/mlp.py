@@ -28,11 +28,17 @@ def loss(params, x):
     return jnp.mean(h**2)
 
 
-def make():
-    """The loss and its arguments: parameters stacked over the layers, and a batch."""
+@jax.jit  # one compile for the whole initialisation, not one per random operation
+def init():
+    """Parameters stacked over the layers, and a batch."""
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     params = {
         "w1": jax.random.normal(k1, (LAYERS, WIDTH, HIDDEN)) / WIDTH**0.5,
         "w2": jax.random.normal(k2, (LAYERS, HIDDEN, WIDTH)) / HIDDEN**0.5,
     }
-    return loss, (params, jax.random.normal(k3, (BATCH, WIDTH)))
+    return params, jax.random.normal(k3, (BATCH, WIDTH))
+
+
+def make():
+    """The loss and its arguments: parameters stacked over the layers, and a batch."""
+    return loss, init()

@@ -72,9 +72,14 @@ def train_section(budget: float = 0.6) -> str:
     s = SIZES
     model = _model(s["layers"], s["width"], s["hidden"])
     key = jax.random.key(0)
-    x = jax.random.normal(key, (s["batch"], 32))
+
+    @jax.jit  # one compile for the batch and the parameters, not one per operation
+    def init(key):
+        x = jax.random.normal(key, (s["batch"], 32))
+        return x, model.init({"params": key, "dropout": key}, x)["params"]
+
+    x, params = init(key)
     y = jnp.arange(s["batch"]) % 10
-    params = model.init({"params": key, "dropout": key}, x)["params"]
     tx = optax.adam(1e-3)
 
     def loss(params, x, y, key):
