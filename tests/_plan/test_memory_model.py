@@ -49,6 +49,33 @@ def test_first_plan_predicted_within_3_percent_of_the_compiled_peak(first_plan):
     assert p.stats.step_compiles == 2
 
 
+def test_the_reported_prediction_carries_the_middle_margin_not_the_last(decoder, first_plan):
+    """The rounds decide with the memory outside the scans the last verified plan showed
+    (`Knowledge.margin`); the peak a plan reports as predicted carries the middle of the
+    range the un-checkpointed step and the verified uniform plans showed
+    (`_memo.reported_margin`), so one save set whose temporaries XLA packs worse does not
+    carry into the next prediction. Two points showing this plan's own margin less and more
+    5% of its peak, the second last: compiled again, the plan is predicted at its peak, not
+    5% over."""
+    from remat._plan import _rounds
+    from remat._plan._compile import peak_of
+
+    p = first_plan
+    # The decoder's knowledge (the next tests plan another program, after `_memo.forget`).
+    know, real = next((know, k) for know in _memo._MEMORY.values()
+                      for k in know.measured.values() if k.measured == p.measured)  # fmt: skip
+    key = _memo.choice_key(real.choice)
+    peak = peak_of(real.measured)
+    own, spread = peak - real.alone, 0.05 * peak
+    assert abs(know.prepared.margin - own) < spread  # within the range of the two
+    points = {("under", 0): dataclasses.replace(real, alone=real.alone + spread),
+              ("over", 1): dataclasses.replace(real, alone=real.alone - spread)}  # fmt: skip
+    fresh = dataclasses.replace(know, measured=points, margin=own + spread)
+    _rounds._verify(know.prepared, fresh, key, real.choice, fresh.margin, alone=real.alone)
+    assert peak_of(fresh.measured[key].measured) == peak == p.measured_peak_bytes
+    assert abs(fresh.measured[key].predicted - peak) <= 1
+
+
 def test_a_budget_below_the_arguments_and_outputs_stops_at_once(decoder, first_plan):
     """Parameters, Adam's moments and the tokens (less the donated buffers) are a floor no
     plan goes under: the planner says so before it solves or compiles anything more."""

@@ -184,6 +184,39 @@ def margins(prep: Prepared, know: Knowledge, uniform: bool = False) -> list[floa
     return ([] if prep.margin is None else [float(prep.margin)]) + shown
 
 
+def reported_margin(prep: Prepared, know: Knowledge, choice: Choice, margin: float) -> float:
+    """The memory outside the scans in the peak predicted for ``choice`` before its step is
+    compiled, as the plan reports it (`Known.predicted`, `remat.Plan.predicted_peak_bytes`):
+    for a uniform plan, the middle of the range the un-checkpointed step and the uniform
+    plans verified so far showed (`margins`); else ``margin``, the one the rounds decide
+    with (`Knowledge.margin`, the last learnt).
+
+    That memory differs between save sets by how XLA packs their temporaries, which no
+    measurement made before the compile tells; the rounds decide with the last one learnt
+    and allow for the spread (`_spread`), and the figure reported is the guess whose error
+    is at most half the spread measured, whichever set's memory the plan has. The last one
+    learnt can be the farthest: at Llama-3.2-1B shapes, 6.20 GiB beside a candidate compiled
+    over MaxText ``save_out_proj``'s peak, 4.62-5.01 GiB beside the un-checkpointed step and
+    every plan compiled before; the plan compiled next (32.55 GiB) was predicted 3.3% over
+    with it, 0.9% over with the middle (the preset rows at 1B, 8B and 70B: within 1.0%).
+
+    Example:
+      >>> from types import SimpleNamespace as N
+      >>> from remat._plan._memo import reported_margin
+      >>> point = lambda peak, alone: N(measured=N(peak_bytes=peak, peak_source="xla"),
+      ...                               alone=alone, choice=N(choices={}))
+      >>> know = N(measured={1: point(105, 100), 2: point(112, 100)})
+      >>> reported_margin(N(margin=4.0), know, N(choices={}), margin=12.0)  # 4 to 12
+      8.0
+      >>> reported_margin(N(margin=4.0), N(measured={}), N(choices={}), margin=4.0)
+      4.0
+    """
+    shown = margins(prep, know, uniform=True)
+    if per_layer(choice) or not shown:
+        return margin
+    return (min(shown) + max(shown)) / 2
+
+
 def per_layer(choice: Choice) -> bool:
     """Whether ``choice`` saves a set per layer in some scan (a ``pattern``)."""
     return any(s.pattern for s in choice.choices.values())

@@ -36,7 +36,16 @@ from ._compile import STEP, compile_measure, peak_of, tally
 from ._dearer import below_own_recomputation, dearer
 from ._first import InPlace, per_layer_first
 from ._line import guess
-from ._memo import Knowledge, Known, best_known, choice_key, cost, saved_of, step_flops
+from ._memo import (
+    Knowledge,
+    Known,
+    best_known,
+    choice_key,
+    cost,
+    reported_margin,
+    saved_of,
+    step_flops,
+)
 from ._milp import Solution, solve
 from ._mixes import completed, finding
 from ._named import ahead as named_ahead
@@ -393,10 +402,15 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
     ``key``, with its prediction (the scan-alone ``alone``, or what ``beside``, run while
     the step compiles, returns, plus ``margin``) and the memory outside the scans it shows,
     unless the compiler recomputed in it of its own accord (`_dearer.dearer`: its peak is
-    then the compiler's, not the save set's).
+    then the compiler's, not the save set's). The prediction recorded carries the memory
+    outside the scans `_memo.reported_margin` gives before the compile (for a uniform plan,
+    the middle of the range measured; ``margin`` is the one the rounds decided with).
     ``ahead`` (`_look_ahead`) also runs while the step compiles. Without ``alone`` or
     ``beside`` (a strategy the caller gives) the prediction is the model's, and the memory
     outside the scans is left as it was."""
+
+    # The margin the prediction carries, as known before the compile (`reported_margin`).
+    reported = reported_margin(prep, know, choice, margin)
 
     def meanwhile():
         out = beside() if beside is not None else None
@@ -418,7 +432,7 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
         measured = refused(prep.baseline, refusal, step_flops(prep, choice))
         if refusal.asked_bytes is not None and alone is not None:  # corrects the model
             know.margin = refusal.asked_bytes - alone
-        know.measured[key] = Known(choice, measured, _predicted(prep, choice, alone, margin),
+        know.measured[key] = Known(choice, measured, _predicted(prep, choice, alone, reported),
                                    alone)  # fmt: skip
         return
     if beside is not None:
@@ -426,7 +440,7 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
     elif ahead is not None:
         measured, _ = measured
     check_offloaded(choice, measured)
-    known = Known(choice, measured, _predicted(prep, choice, alone, margin), alone)
+    known = Known(choice, measured, _predicted(prep, choice, alone, reported), alone)
     if alone is not None and dearer(prep, known):  # its peak is the compiler's own recomputation's
         known = dataclasses.replace(known, alone=None)
     elif alone is not None:

@@ -18,10 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._alone import check_alone, compile_alone
+from ._alone import charge, charged_options, check_alone, compile_alone
 from ._baseline import REFUSED
+from ._compile import peak_of
 from ._memo import Knowledge, margins
+from ._milp import solve
 from ._named import named_choices
+
+# Least-memory choices compiled alone beside the first (`next_least`): the rounds solve
+# again after each first charge of a schedule, at most `_search.CHECKS` (4) times.
+NEXT = 3
 
 
 def surely_over(prep: Any, know: Knowledge, budget_bytes: int, alone: float) -> int | None:
@@ -63,8 +69,52 @@ def _named(prep: Any, know: Knowledge) -> list[tuple[Any, Any]] | None:
 
 def check_least(prep: Any, know: Knowledge, solution: Any, choice: Any) -> tuple[float, bool]:
     """`check_alone` of the least-memory choice (nothing fits the model), with the named
-    strategies `surely_over` checks next compiled beside it (`compile_alone`: at once, not
-    one after the other; at Llama-3-8B shapes an infeasible re-plan at 35% compiled them
-    last, alone, after four checks of the least-memory choices)."""
-    compile_alone(prep, know, [(solution, choice), *(_named(prep, know) or [])])
+    strategies `surely_over` checks next and the least-memory choices the rounds solve for
+    next (`next_least`) compiled beside it (`compile_alone`: at once, not one after the
+    other; at Llama-3-8B shapes an infeasible re-plan at 35% compiled the named strategies
+    last, alone, after four checks of the least-memory choices, and those one per round)."""
+    named = _named(prep, know)
+    later = [] if named is None else next_least(prep, know, solution)
+    compile_alone(prep, know, [(solution, choice), *(named or []), *later])
     return check_alone(prep, know, solution, choice)
+
+
+def next_least(prep: Any, know: Knowledge, solution: Any) -> list[tuple[Any, Any]]:
+    """The least-memory choices that the rounds solve for after ``solution``, the model's
+    least-memory one, while each runs a schedule (`remat.Nested`, `remat.Binomial`) not yet
+    charged: checking one alone charges its schedule what it keeps beyond the model, and the
+    rounds solve again with the charge (`_alone.check_alone`). Once a schedule is charged
+    (the least-memory choice then runs another not yet charged, or will), each next one is
+    the least-memory choice with the schedules before it ruled out (charged the
+    un-checkpointed step's peak), at most `NEXT`, ``(solution, choice)`` each; none where
+    ``solution`` runs no schedule left to charge (the rounds then settle on it), nor before
+    any schedule is charged: a charge may leave its schedule the least (Llama-3-70B shapes,
+    35% after 50%: `Binomial(1)` stays the least, and the three after it, compiled beside
+    it, went unused). At Llama-3-8B shapes, 35% after 50% and 70%: four least-memory
+    choices, each a schedule charged in turn, were compiled alone one per round; now the
+    first alone, then the other three at once."""
+
+    def uncharged(s):
+        return {
+            o for o in s.options
+            if prep.cands[o].schedule != "per_step" and o not in know.option_extra
+        }  # fmt: skip
+
+    schedules = [o for o, c in enumerate(prep.cands) if c.schedule != "per_step"]
+    if not any(o in know.option_extra for o in schedules):
+        return []  # no charge seen yet: the first may leave its schedule the least
+    ruled_out = uncharged(solution)
+    out: list[tuple[Any, Any]] = []
+    off = float(peak_of(prep.baseline))
+    while ruled_out and len(out) < NEXT:
+        options = [
+            charge(option, off, prep.stored, prep.weight) if o in ruled_out else option
+            for o, option in enumerate(charged_options(prep, know))
+        ]
+        found = solve(prep.nodes, 0, options=options, minimize="memory", **prep.weights)
+        new = set() if found is None else uncharged(found) - ruled_out
+        if not new:
+            break
+        out.append((found, prep.decode(found)))
+        ruled_out |= new
+    return out
