@@ -329,13 +329,15 @@ class Plan:
         state where every array is floating point).
 
         Raises:
-          ValueError: for a plan made without ``optimizer=``.
+          ValueError: for a plan made without ``optimizer=``, and, when the step fails, for
+            an ``opt_state`` that another optimizer made.
         """
         if self.optimizer is None:
             raise ValueError(_NO_OPTIMIZER)
-        from .._measure._step import jitted_train_step
+        from .._measure._step import checked_step, jitted_train_step
 
-        return jitted_train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
+        step = jitted_train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
+        return checked_step(step, self.optimizer, "Plan.step")
 
     @functools.cached_property
     def policy(self) -> Any:
