@@ -2,6 +2,7 @@ import jax
 import pytest
 
 import remat
+from remat._core._complex import RealSaves
 from remat._core._strategy import as_strategy, offload_available, resolve_policy
 
 
@@ -15,7 +16,8 @@ from remat._core._strategy import as_strategy, offload_available, resolve_policy
     ],
 )
 def test_named_policies_resolve_to_jax_policies(name, policy):
-    assert resolve_policy(name) is policy
+    got = resolve_policy(name)
+    assert got is policy or got == RealSaves(policy)  # complex values recomputed
 
 
 def test_none_means_no_checkpoint_and_policy_none_means_recompute_all():

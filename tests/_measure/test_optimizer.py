@@ -76,6 +76,9 @@ def test_plan_step_equals_optax_step():
         p2, s2, v2 = plan.step(p2, s2, x, key)
     assert_tree_allclose((p2, s2, v2), (p1, s1, v1), scale=10)
     assert plan.to_dict()["argnums"] == 0 and "optimizer" not in plan.to_dict()
+    other = optax.sgd(0.1, momentum=0.9).init(p2)  # another optimizer's state
+    with pytest.raises(ValueError, match=r"`Plan\.step` got an opt_state .*plan\.optimizer\.init"):
+        plan.step(p2, other, x, key)
 
 
 def test_optimizer_errors():

@@ -210,3 +210,20 @@ def test_a_plan_file_made_before_rolling_beside_scans_applies_to_the_same_scans(
     assert [e.params["length"] for e in eqns if e.primitive.name == "scan"] == [2, 4]
     want = jax.jit(jax.value_and_grad(beside_scans))(params, XS)
     assert_tree_allclose(jax.jit(jax.value_and_grad(planned))(params, XS), want, scale=10.0)
+
+
+def test_a_second_plan_of_a_loop_reuses_what_the_first_learned(monkeypatch):
+    """Planned again at another budget in one process, a loop of layers is not calibrated
+    again, and the first plan's compiled points compete: it is never dearer than a plan
+    already compiled that fits."""
+    from remat._plan import _memo, _unrolled
+
+    calls = []
+    prepare = _unrolled.prepare
+    monkeypatch.setattr(_unrolled, "prepare", lambda *a, **k: calls.append(1) or prepare(*a, **k))
+    _memo.forget()
+    layers = [layer_params(k) for k in jax.random.split(jax.random.key(0), 4)]
+    first = remat.plan(transformer, layers, X, budget=0.5, schedules=False, verbose=False)
+    second = remat.plan(transformer, layers, X, budget=0.6, schedules=False, verbose=False)
+    assert len(calls) == 1
+    assert second.rolled and second.flops_ratio <= first.flops_ratio

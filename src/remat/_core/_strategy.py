@@ -13,17 +13,19 @@ from typing import Any
 
 import jax
 
+from ._complex import RealSaves
 from ._offload import offload_available as offload_available
 from ._offload import offload_unavailable_reason
 from ._schedule import Schedule, check_schedule
 
-# Strategy strings and the `jax.checkpoint_policies` policy each one means.
+# Strategy strings and the `jax.checkpoint_policies` policy each one means; those that save
+# values recompute complex ones, which `jax.checkpoint` cannot save (see `RealSaves`).
 _NAMED_POLICIES: dict[str, Callable[..., Any] | None] = {
     "none": None,  # no checkpointing at all
     "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "everything": jax.checkpoint_policies.everything_saveable,
+    "dots": RealSaves(jax.checkpoint_policies.dots_saveable),
+    "dots_no_batch": RealSaves(jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+    "everything": RealSaves(jax.checkpoint_policies.everything_saveable),
 }
 STRATEGY_NAMES = (*_NAMED_POLICIES, "names:<a,b,...>", "offload:<a,b,...>")
 # The named strategies a plan can be made of (every scan or per scan), besides "names:a,b".

@@ -25,6 +25,8 @@ import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 
+from .._core._complex import RealSaves
+
 # The `name` primitive that `checkpoint_name` binds, read from a trace (it is not public).
 NAME_P = jax.make_jaxpr(lambda x: jax.ad_checkpoint.checkpoint_name(x, "n"))(1.0).eqns[0].primitive
 _PROBE_AVAL = jax.core.ShapedArray((4,), jnp.float32)
@@ -274,6 +276,8 @@ def policy_label(policy: object) -> str:
     """
     if policy is None:
         return "nothing_saveable (the default)"
+    if isinstance(policy, RealSaves):
+        return policy_label(policy.policy)
     for name, known in vars(jax.checkpoint_policies).items():
         if policy is known or (dataclasses.is_dataclass(known) and same_policy(policy, known)):
             return name

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -203,6 +204,63 @@ def jitted_train_step(
         return eqx.combine(arrays, p_static), opt_state, value
 
     return step
+
+
+_OTHER_STATE = (
+    "`{where}` got an opt_state that is not the state of the optimizer the plan was made "
+    "for: its structure is {got}, where the plan's optimizer.init(params) gives {want}. Make "
+    "it with that optimizer: `opt_state = plan.optimizer.init(params)` (for an Equinox model, "
+    "`plan.optimizer.init(eqx.filter(model, eqx.is_inexact_array))`), or plan again with "
+    "`optimizer=` the optimizer whose state you pass."
+)
+
+
+def check_opt_state(optimizer: Any, params: Any, opt_state: Any, where: str) -> None:
+    """Raises a ValueError naming ``where`` if ``opt_state`` is not shaped as
+    ``optimizer.init`` shapes the state of ``params`` (another optimizer's state).
+
+    Example:
+      >>> import jax.numpy as jnp, optax
+      >>> params = {"w": jnp.ones(3)}
+      >>> check_opt_state(optax.sgd(0.1), params, optax.sgd(0.1).init(params), "Plan.step")
+      >>> try:
+      ...     check_opt_state(optax.adam(0.1), params, optax.sgd(0.1).init(params), "Plan.step")
+      ... except ValueError as e:
+      ...     print(str(e)[:60])
+      `Plan.step` got an opt_state that is not the state of the op
+    """
+    from .._trace._eqx import has_modules
+
+    if has_modules(params):
+        import equinox as eqx
+
+        trained = eqx.filter(params, eqx.is_inexact_array)
+    else:
+        trained = floating(params)
+    want = jax.tree.structure(jax.eval_shape(optimizer.init, trained))
+    got = jax.tree.structure(opt_state)
+    if got != want:
+
+        def brief(tree: Any) -> str:
+            text = str(tree)
+            return text if len(text) <= 200 else text[:200] + "..."
+
+        raise ValueError(_OTHER_STATE.format(where=where, got=brief(got), want=brief(want)))
+
+
+def checked_step(step: Callable[..., Any], optimizer: Any, where: str) -> Callable[..., Any]:
+    """``step(params, opt_state, *rest)`` that, where it fails, says so if ``opt_state`` is
+    another optimizer's (`check_opt_state`); the optimizer's own error otherwise."""
+
+    @functools.wraps(step)
+    def checked(params: Any, opt_state: Any, *rest: Any) -> Any:
+        try:
+            return step(params, opt_state, *rest)
+        except (AttributeError, TypeError, ValueError):
+            check_opt_state(optimizer, params, opt_state, where)
+            raise
+
+    return checked
 
 
 def _train_args(args: Sequence[Any], step: Step, concrete: bool) -> tuple[Any, ...]:

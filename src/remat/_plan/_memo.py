@@ -11,7 +11,9 @@ and a plan it has already compiled is never beaten by a worse one. A few program
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -95,6 +97,21 @@ def recall(key: Any, fn: Any, args: Any) -> Knowledge | None:
         return None
     _MEMORY.move_to_end(key)
     know.prepared = dataclasses.replace(know.prepared, fn=fn, args=tuple(args))
+    return know
+
+
+def kept(key: Callable[[], Any], fn: Any, args: Any, make: Callable[[], Knowledge]) -> Knowledge:
+    """The knowledge kept for the memo key ``key()`` (`recall`), else ``make()``, remembered.
+    A program ``key`` cannot trace as given is made and not kept (``make`` says why)."""
+    memo_key = None
+    with contextlib.suppress(Exception):
+        memo_key = key()
+        hash(memo_key)
+    know = recall(memo_key, fn, args) if memo_key is not None else None
+    if know is None:
+        know = make()
+        if memo_key is not None:
+            remember(memo_key, know)
     return know
 
 

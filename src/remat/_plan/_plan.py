@@ -61,7 +61,7 @@ from ._args import (
 )
 from ._calibrate import check_inputs, prepare
 from ._compile import tally
-from ._memo import Knowledge, key_of, recall, remember
+from ._memo import Knowledge, kept, key_of
 from ._mixes import finished
 from ._progress import Progress
 from ._result import InfeasibleBudget, Plan, fingerprint
@@ -268,20 +268,26 @@ def knowledge(
     ``argnums`` may be a `Step` (aux outputs, an optimizer's step): it is part of the key."""
     if not isinstance(argnums, Step):
         argnums = argnums if isinstance(argnums, int) else tuple(argnums)
-    key = None
-    with contextlib.suppress(Exception):  # not traceable as given: `prepare` says why
-        key = key_of(
+    return kept(
+        lambda: key_of(
             fingerprint(fn, *args), argnums, schedules, host_bandwidth, placement(args), per_layer
-        )
-        hash(key)
-    know = recall(key, fn, args) if key is not None else None
-    if know is None:
+        ),
+        fn,
+        args,
         # The per-layer options are found beside the uniform rounds (`_mixes`).
-        know = Knowledge(prepare(fn, args, argnums, schedules, host_bandwidth, progress,
-                                 per_layer=per_layer, later=True))  # fmt: skip
-        if key is not None:
-            remember(key, know)
-    return know
+        lambda: Knowledge(
+            prepare(
+                fn,
+                args,
+                argnums,
+                schedules,
+                host_bandwidth,
+                progress,
+                per_layer=per_layer,
+                later=True,
+            )
+        ),
+    )
 
 
 @contextlib.contextmanager

@@ -33,7 +33,10 @@ _INFEASIBLE = (
     "planner reached is {smallest} ({smallest_bytes} bytes, {fraction:.0%} of the "
     "{baseline_name} {baseline}{strategy}). {advice}. What sets that floor is live at its "
     "peak (`remat.memory(fn, *args, strategy=...)` lists it): what lives outside the scans "
-    "(parameters, optimizer state, the loss head's logits), or one layer's own working set "
+    "(parameters, optimizer state, the loss head's logits, and what a layer left out of them "
+    "saves: a layer that differs from the others, such as a first layer with parameters of "
+    "its own, does not roll into the scan of the rest; `remat.list_scans(fn, *args)` shows "
+    "how many layers each rolled scan holds), or one layer's own working set "
     "in its backward pass (attention scores: a smaller batch or sequence, or chunked "
     "attention), which no checkpoint of the layers lowers."
 )
@@ -109,6 +112,8 @@ class InfeasibleBudget(ValueError):
       >>> e.smallest_peak_bytes, str(e).split(". ")[1]
       (1572864, 'Raise the budget to at least 1.50 MiB')
       >>> "`remat.memory(fn, *args, strategy=...)` lists it" in str(e)
+      True
+      >>> "a layer left out of them" in str(e)
       True
     """
 
@@ -325,13 +330,15 @@ class Plan:
         state where every array is floating point).
 
         Raises:
-          ValueError: for a plan made without ``optimizer=``.
+          ValueError: for a plan made without ``optimizer=``, and, when the step fails, for
+            an ``opt_state`` that another optimizer made.
         """
         if self.optimizer is None:
             raise ValueError(_NO_OPTIMIZER)
-        from .._measure._step import jitted_train_step
+        from .._measure._step import checked_step, jitted_train_step
 
-        return jitted_train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
+        step = jitted_train_step(self.fn, self.optimizer, self.argnums, self.has_aux)
+        return checked_step(step, self.optimizer, "Plan.step")
 
     @functools.cached_property
     def policy(self) -> Any:

@@ -38,13 +38,14 @@ from .._core._budget import Budget, read_budget
 from .._measure._measurement import Measurement
 from .._measure._refusal import refusal_of
 from .._measure._step import Step
+from .._shard._target import placement
 from .._trace._rewrite import list_scans
 from .._trace._roll_explain import explain_no_roll
 from .._trace._roll_lift import lifted_runs
 from .._trace._roll_rewrite import list_runs, roll_unscanned
 from ._calibrate import prepare
 from ._compile import compile_measure, peak_of
-from ._memo import Knowledge
+from ._memo import Knowledge, kept, key_of
 from ._result import InfeasibleBudget, NothingToPlan, Plan, fingerprint
 from ._rounds import plan_prepared
 
@@ -118,9 +119,8 @@ def plan_unrolled(
                 continue
         if know is None:  # the rolled program's cost models and calibration, once
             say("rolling the repeated layers")
-            know = Knowledge(prepare(roll_unscanned(fn), args, argnums, schedules,
-                                     host_bandwidth, progress, baseline=written,
-                                     per_layer=per_layer))  # fmt: skip
+            know = _knowledge(fn, args, argnums, schedules, host_bandwidth, progress, written,
+                              per_layer)  # fmt: skip
         try:
             plan = plan_prepared(know.prepared, budget, max_rounds, device_memory, know, progress,
                                  strategies=strategies, saved=saved)  # fmt: skip
@@ -129,6 +129,40 @@ def plan_unrolled(
             continue
         out.append(_rolled(plan))
     return out
+
+
+def _knowledge(fn, args, argnums, schedules, host_bandwidth, progress, written, per_layer):
+    """What is known about the rolled program: from memory (`_memo`) when ``fn`` was
+    planned before in this process at these shapes, so that every point compiled then
+    competes and nothing is calibrated again; else prepared and remembered."""
+    rolled = roll_unscanned(fn)
+    return kept(
+        lambda: (
+            "rolled",
+            key_of(
+                fingerprint(fn, *args),
+                argnums,
+                schedules,
+                host_bandwidth,
+                placement(args),
+                per_layer,
+            ),
+        ),
+        rolled,
+        args,
+        lambda: Knowledge(
+            prepare(
+                rolled,
+                args,
+                argnums,
+                schedules,
+                host_bandwidth,
+                progress,
+                baseline=written,
+                per_layer=per_layer,
+            )
+        ),
+    )
 
 
 def _as_written(fn, args, argnums, measured, budget_bytes: int) -> Plan:

@@ -38,6 +38,7 @@ from typing import Any
 import jax
 from jax.extend import core as jcore
 
+from .._core._complex import RealSaves
 from .._core._scan_params import scan_counts
 from ._periodic import periodic_loop
 from ._rewrite import _Interpreter
@@ -47,7 +48,7 @@ from ._traced import _rewritten
 _P = jcore.primitives
 
 # The tail's policy: its matmul outputs saved, the elementwise work between them recomputed.
-TAIL_POLICY = jax.checkpoint_policies.dots_saveable
+TAIL_POLICY = RealSaves(jax.checkpoint_policies.dots_saveable)
 
 # Primitives a head may not hold: work that costs FLOPs to recompute, or a loop.
 _DEAR = frozenset(

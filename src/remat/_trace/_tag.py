@@ -25,6 +25,7 @@ from jax._src import source_info_util
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend import core as jcore
 
+from .._core._complex import RealSaves
 from .._core._schedule import Binomial
 from ._ends import TAIL_POLICY, rewrite_ends
 from ._periodic import periodic_loop
@@ -116,8 +117,9 @@ def flatten(closed: Any) -> Any:
 
 
 def is_tagged(aval: Any) -> bool:
-    """Whether a value of this type gets a name: floating-point arrays only."""
-    return hasattr(aval, "dtype") and jnp.issubdtype(aval.dtype, jnp.inexact)
+    """Whether a value of this type gets a name: real floating-point arrays only (a complex
+    value is recomputed: `jax.checkpoint` cannot save one, see `remat._core._complex`)."""
+    return hasattr(aval, "dtype") and jnp.issubdtype(aval.dtype, jnp.floating)
 
 
 def eval_tagged(flat: Any, scan: int, args: Sequence[Any]) -> list[Any]:
@@ -163,7 +165,7 @@ class ScanChoice:
         named: 41.9).
         """
         if isinstance(self.schedule, Binomial):
-            return jax.checkpoint_policies.everything_saveable
+            return RealSaves(jax.checkpoint_policies.everything_saveable)
         if not self.offload:
             return jax.checkpoint_policies.save_only_these_names(*(self.names or ()))
         return jax.checkpoint_policies.save_and_offload_only_these_names(
