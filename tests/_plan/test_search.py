@@ -393,3 +393,60 @@ def test_one_solve_rules_out_the_per_layer_levels_below_the_models_error(monkeyp
     answer["solution"], solved[:] = None, []
     assert _search._above_nothing(prep, 1000, [], levels, 0.03, 130.0, 0.0, [], None) == levels
     assert solved == []  # one level below the error: nothing to save
+
+
+def test_a_per_layer_search_compiles_the_mix_it_checks_next_beside_the_one_it_checks(
+    monkeypatch,
+):
+    """Each per-layer mix checked alone is compiled beside the one the search checks next
+    (`_search._ahead`): the next level's where it fits, the same level's where it is over at
+    the last level. The same mixes are checked and the same one found as one at a time, in
+    fewer batches of compiles; a mix compiled already is checked with no compile beside."""
+    from remat._trace._tag import ScanChoice
+
+    # (level it needs, recompute FLOPs, fits): A fits at the first level; at the last, three
+    # mixes as cheap are over.
+    mixes = [(0.0, 30.0, True), (0.08, 20.0, False), (0.08, 20.0, False), (0.08, 20.0, False)]
+    solutions = [N(index=k, recompute_flops=f) for k, (_, f, _) in enumerate(mixes)]
+    choices = [N(flops=f, choices={0: ScanChoice(names=("a",), pattern=((), (f"m{k}",)))})
+               for k, (_, f, _) in enumerate(mixes)]  # fmt: skip
+    prep = N(nodes=[], weights={}, base=0.0, baseline=N(flops=100.0, num_devices=1),
+             decode=lambda s: choices[s.index])  # fmt: skip
+    budget, real_ahead = 1000, _search._ahead
+
+    def solve(nodes, budget_, exclude=(), **_):
+        return next((s for s, (level, _, _) in zip(solutions, mixes, strict=True)
+                     if budget * (1 + level) <= budget_ and s not in exclude), None)  # fmt: skip
+
+    def run(ahead):
+        batches, compiled, checked = [], set(), []
+
+        def compile_alone(prep_, know_, pairs):
+            batch = [s.index for s, _ in pairs if s.index not in compiled]
+            compiled.update(batch)
+            batches.extend([batch] if batch else [])
+
+        def check_alone(prep_, know_, solution, choice):
+            compile_alone(prep_, know_, [(solution, choice)])
+            checked.append(solution.index)
+            return budget * (0.9 if mixes[solution.index][2] else 1.5), False
+
+        monkeypatch.setattr(_search, "solve", solve)
+        monkeypatch.setattr(_search, "bounded", lambda *_: False)
+        monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)
+        monkeypatch.setattr(_search, "_priced", lambda *_: None)
+        monkeypatch.setattr(_search, "_priced_now", lambda *_: False)
+        monkeypatch.setattr(_search, "compile_alone", compile_alone)
+        monkeypatch.setattr(_search, "check_alone", check_alone)
+        monkeypatch.setattr(_search, "compiled_alone", lambda p, k, s, c: s.index in compiled)
+        monkeypatch.setattr(_search, "_ahead", real_ahead if ahead else lambda *_: None)
+        know = N(margin=None, measured={}, option_extra={})
+        found = _search.cheaper_candidate(prep, know, budget, [], 0.0, [], 140.0)
+        return found[0].index, checked, batches
+
+    assert run(ahead=False) == (0, [0, 1, 2, 3], [[0], [1], [2], [3]])
+    # B is compiled beside C; C, compiled already, compiles nothing beside; D on its own.
+    assert run(ahead=True) == (0, [0, 1, 2, 3], [[0], [1, 2], [3]])
+    mixes[2] = (0.08, 20.0, True)  # C fits: the search ends there, and D is never compiled
+    assert run(ahead=False) == (2, [0, 1, 2], [[0], [1], [2]])
+    assert run(ahead=True) == (2, [0, 1, 2], [[0], [1, 2]])

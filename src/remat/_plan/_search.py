@@ -9,7 +9,7 @@ and when nothing fits the model, single values saved on top of its least-memory 
 
 from __future__ import annotations
 
-from ._alone import check_alone, compile_alone
+from ._alone import check_alone, compile_alone, compiled_alone
 from ._calibrate import Prepared
 from ._levels import bounded, nothing_cheaper
 from ._line import guess
@@ -129,7 +129,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
         while checks < CHECKS:
             floor = above_floor(prep, above)
             if ahead is not None and ahead[0] == relax:
-                solution = ahead[1]  # solved as it would be now: the check before fitted
+                solution = ahead[1]  # solved as it would be now, after the check before
             else:
                 solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
                                  fixed_bytes=prep.base + margin + tight + back,
@@ -155,8 +155,8 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 if missed is None and checks < CHECKS:  # per-layer: the next level's beside
                     ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
                                    prep.base + margin + tight + back, excluded, floor,
-                                   (solution, choice),
-                                   budget_bytes * (1 + band) - margin)  # fmt: skip
+                                   costly, (solution, choice),
+                                   budget_bytes * (1 + band) - margin, reference)  # fmt: skip
                 alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
@@ -231,33 +231,46 @@ def _put_back(know: Knowledge, charged: dict) -> None:
     know.option_extra.update(charged)
 
 
-def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair,
-           limit):  # fmt: skip
-    """Where ``pair`` (a per-layer ``(solution, choice)`` about to be checked alone) fits,
-    `cheaper_candidate` next solves at the level after ``relax`` (of ``levels``) for one
-    cheaper still: that solve, made now, and its candidate compiled alone beside ``pair``
-    (`compile_alone`: one lowers while the other compiles, and both compile at once) when
-    it is a per-layer candidate not yet compiled, nor priced without a compile (`_priced`,
-    against ``limit``). Returns ``(level, solution or None)`` for the loop to take where
-    ``pair`` fits, or None after the last level."""
+def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, costly,
+           pair, limit, reference):  # fmt: skip
+    """The solve `cheaper_candidate` makes after ``pair`` (a per-layer ``(solution, choice)``
+    about to be checked alone, already in ``excluded``), made now, and its candidate compiled
+    alone beside ``pair`` (`compile_alone`: one lowers while the other compiles, and both
+    compile at once) when it is a per-layer candidate not yet compiled, cheaper than what it
+    must beat, nor priced without a compile (`_priced`, against ``limit``).
+
+    Where a level follows ``relax`` (of ``levels``), that is the solve at the next level for
+    one cheaper than ``pair`` (taken where ``pair`` fits); at the last level, the solve at
+    ``relax`` again for one cheaper than ``reference`` (taken where ``pair`` is over: a
+    per-layer candidate over moves neither the floor nor the model, so the search solves
+    just that). On the vs_torch GPT at 25% the last level's two mixes, both over, compile
+    together. Returns ``(level, solution or None)`` for the loop to take at that level, or
+    None where nothing would compile beside ``pair`` (compiled alone already) or ``pair`` is
+    a uniform candidate at the last level."""
+    if compiled_alone(prep, know, *pair):
+        return None  # nothing to compile beside
     later = [r for r in levels if r > relax]
-    if not later:
+    if later:
+        level, beat = later[0], step_flops(prep, pair[1])
+    elif per_layer(pair[1]):
+        level, beat = relax, reference
+    else:
         return None
-    solution = solve(prep.nodes, budget_bytes * (1 + later[0]), options=options,
-                     fixed_bytes=fixed, exclude=excluded, **prep.weights,
-                     min_flops=floor)  # fmt: skip
+    solution = solve(prep.nodes, budget_bytes * (1 + level), options=options,
+                     fixed_bytes=fixed, exclude=excluded, exclude_costly=costly,
+                     **prep.weights, min_flops=floor)  # fmt: skip
     pairs = [pair]
     if solution is not None:
         choice = prep.decode(solution)
         if (
             per_layer(choice)
             and choice_key(choice) not in know.measured
-            and step_flops(prep, choice) < step_flops(prep, pair[1]) * (1 - 1e-9)
+            and step_flops(prep, choice) < beat * (1 - 1e-9)
             and not _priced_now(prep, know, solution, choice, limit)
         ):
             pairs.append((solution, choice))
     compile_alone(prep, know, pairs)
-    return later[0], solution
+    return level, solution
 
 
 def _priced(prep, know, solution, choice, limit) -> float | None:
