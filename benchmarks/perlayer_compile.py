@@ -109,15 +109,21 @@ def spread(values) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+def both_plans(loss, args, spec: str) -> dict[bool, remat.Plan]:
+    """``{per_layer: plan}``: ``remat.plan`` at budget ``spec`` without and with per-layer
+    options, each from scratch."""
+    got = {}
+    for per_layer in (False, True):
+        _memo.forget()
+        got[per_layer] = remat.plan(loss, *args, budget=spec, per_layer=per_layer,
+                                    verbose=False)  # fmt: skip
+    return got
+
+
 def planned(loss, args, budgets, repeats) -> tuple[list[list[str]], dict]:
     rows, plans = [], {}
     for spec in budgets:
-        got = {}
-        for per_layer in (False, True):
-            _memo.forget()
-            got[per_layer] = remat.plan(loss, *args, budget=spec, per_layer=per_layer,
-                                        verbose=False)  # fmt: skip
-        plans[spec] = got
+        plans[spec] = got = both_plans(loss, args, spec)
         pattern = "; ".join(str([len(n) for n in s.pattern]) for s in got[True].scans
                             if s.pattern) or "uniform"  # fmt: skip
         for name, options in OPTIONS.items():
@@ -248,8 +254,12 @@ OUTRO = (
     "lowering, XLA's passes and code generation, LLVM's optimisation: the columns of the "
     "forms tables). A plan with one set in every layer as segments (chosen for its smaller "
     "peak at equal FLOPs) costs only the segments' custom VJP; the plain scan with the larger "
-    "set in every layer compiles within about 1.1x of the uniform plan: the second set is "
-    "what costs. The one-loop form (`remat._trace._one_loop`, for sets that nest, as the "
+    "set in every layer compiles within about 1.1x of the uniform plan: what costs is a "
+    "second copy of the layer: one even of the same set costs what the plan "
+    "costs (`benchmarks/perlayer_copies.py`: the uniform plan's own set split as the "
+    "per-layer plan splits, 1.57-1.69x on the GPT, as the plans' 1.58-1.62x), and XLA:CPU "
+    "reuses a kernel only between runs of the same length (two runs of 4 layers: 1.29-1.36x). "
+    "The one-loop form (`remat._trace._one_loop`, for sets that nest, as the "
     "planner's do) has one forward body and one backward VJP for all layers, a layer saving "
     "less computing in a `lax.switch` what it did not keep and the values of its "
     "recomputation that the VJP would compute again, so it recomputes what segments do (the "

@@ -9,10 +9,12 @@ and when nothing fits the model, single values saved on top of its least-memory 
 
 from __future__ import annotations
 
-from ._alone import check_alone, compile_alone
+import functools
+
+from ._alone import check_alone, compile_alone, compiled_alone
 from ._calibrate import Prepared
 from ._levels import bounded, nothing_cheaper
-from ._line import guess
+from ._line import guess, surely_over
 from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, fixed_solution
@@ -106,7 +108,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     if missed is None:  # per-layer: the levels below the model's error on ``seen`` at once?
         levels = _above_nothing(prep, budget_bytes, options, levels, error, reference,
                                 prep.base + margin + tight, excluded, above_floor(prep, above))  # fmt: skip
-    ahead = None  # (level, its solve) made while a per-layer check compiled (`_ahead`)
+    ahead = None  # (level, its solve) made while a check compiled (`_ahead`)
     # Once a floor is set, the levels left may be ended by one solve at the highest
     # (`_levels`): where three or more are left, and once per state of the search.
     bound, probed = bounded(prep, options), None
@@ -129,7 +131,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
         while checks < CHECKS:
             floor = above_floor(prep, above)
             if ahead is not None and ahead[0] == relax:
-                solution = ahead[1]  # solved as it would be now: the check before fitted
+                solution = ahead[1]  # solved as it would be now, after the check before
             else:
                 solution = solve(prep.nodes, budget_bytes * (1 + relax), options=options,
                                  fixed_bytes=prep.base + margin + tight + back,
@@ -152,11 +154,13 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 limit = budget_bytes * (1 + band) - margin + spread  # by the line, no compile
                 alone = guess(prep, know, solution, choice, pairs, limit, budget_bytes)
             if alone is None:
-                if missed is None and checks < CHECKS:  # per-layer: the next level's beside
+                if checks < CHECKS:  # the candidate checked next, compiled beside
+                    settled = functools.partial(_settled_now, prep, know, missed is None,
+                                                pairs, budget_bytes * (1 + band) - margin,
+                                                spread, budget_bytes)  # fmt: skip
                     ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
                                    prep.base + margin + tight + back, excluded, floor,
-                                   (solution, choice),
-                                   budget_bytes * (1 + band) - margin)  # fmt: skip
+                                   costly, (solution, choice), reference, settled)  # fmt: skip
                 alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
@@ -231,33 +235,57 @@ def _put_back(know: Knowledge, charged: dict) -> None:
     know.option_extra.update(charged)
 
 
-def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, pair,
-           limit):  # fmt: skip
-    """Where ``pair`` (a per-layer ``(solution, choice)`` about to be checked alone) fits,
-    `cheaper_candidate` next solves at the level after ``relax`` (of ``levels``) for one
-    cheaper still: that solve, made now, and its candidate compiled alone beside ``pair``
-    (`compile_alone`: one lowers while the other compiles, and both compile at once) when
-    it is a per-layer candidate not yet compiled, nor priced without a compile (`_priced`,
-    against ``limit``). Returns ``(level, solution or None)`` for the loop to take where
-    ``pair`` fits, or None after the last level."""
+def _settled_now(prep, know, per_layer_search, pairs, limit, spread, budget_bytes, solution,
+                 choice) -> bool:  # fmt: skip
+    """Whether `cheaper_candidate`, checking ``choice`` now, would settle it without a compile:
+    in a per-layer search, a per-layer candidate `_priced` (``limit``: the scan-alone peak
+    that fits); in the uniform one, a candidate the line through ``pairs`` puts surely over
+    ``limit`` and ``spread`` (`_line.guess`; nothing recorded)."""
+    if per_layer_search:
+        return per_layer(choice) and _priced_now(prep, know, solution, choice, limit)
+    return surely_over(prep, pairs, know.guessed, choice, limit + spread, budget_bytes) is not None
+
+
+def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, costly,
+           pair, reference, settled):  # fmt: skip
+    """The solve `cheaper_candidate` makes after ``pair`` (a ``(solution, choice)`` about to be
+    checked alone, already in ``excluded``), made now, and its candidate compiled alone
+    beside ``pair`` (`compile_alone`: one lowers while the other compiles, and both compile
+    at once) when it is not yet compiled, cheaper than what it must beat, and not one the
+    search would settle without a compile (``settled``: `_settled_now`).
+
+    Where a level follows ``relax`` (of ``levels``), that is the solve at the next level for
+    one cheaper than ``pair`` (taken where ``pair`` fits: the search then moves neither the
+    floor nor the model); at the last level, for a per-layer ``pair``, the solve at
+    ``relax`` again for one cheaper than ``reference`` (taken where ``pair`` is over: a
+    per-layer candidate over moves neither either, so the search solves just that). On the
+    vs_torch GPT at 25% the uniform search's two candidates that fit compile together, and
+    so do the per-layer search's first two mixes and its last two. Returns ``(level, solution or None)`` for the loop to take at that level, or
+    None where nothing would compile beside ``pair`` (compiled alone already) or ``pair`` is
+    a uniform candidate at the last level."""
+    if compiled_alone(prep, know, *pair):
+        return None  # nothing to compile beside
     later = [r for r in levels if r > relax]
-    if not later:
+    if later:
+        level, beat = later[0], step_flops(prep, pair[1])
+    elif per_layer(pair[1]):
+        level, beat = relax, reference
+    else:
         return None
-    solution = solve(prep.nodes, budget_bytes * (1 + later[0]), options=options,
-                     fixed_bytes=fixed, exclude=excluded, **prep.weights,
-                     min_flops=floor)  # fmt: skip
+    solution = solve(prep.nodes, budget_bytes * (1 + level), options=options,
+                     fixed_bytes=fixed, exclude=excluded, exclude_costly=costly,
+                     **prep.weights, min_flops=floor)  # fmt: skip
     pairs = [pair]
     if solution is not None:
         choice = prep.decode(solution)
         if (
-            per_layer(choice)
-            and choice_key(choice) not in know.measured
-            and step_flops(prep, choice) < step_flops(prep, pair[1]) * (1 - 1e-9)
-            and not _priced_now(prep, know, solution, choice, limit)
+            choice_key(choice) not in know.measured
+            and step_flops(prep, choice) < beat * (1 - 1e-9)
+            and not settled(solution, choice)
         ):
             pairs.append((solution, choice))
     compile_alone(prep, know, pairs)
-    return later[0], solution
+    return level, solution
 
 
 def _priced(prep, know, solution, choice, limit) -> float | None:
