@@ -45,7 +45,6 @@ def test_a_candidate_over_the_budget_rules_out_its_tier_and_steps_the_model_back
 
     real_solve = _search.solve
     monkeypatch.setattr(_search, "check_alone", check_alone)
-    monkeypatch.setattr(_search, "compile_alone", lambda *_: None)
     monkeypatch.setattr(_search, "solve", solve)
     monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)  # the model errs alike
     found = _search.cheaper_candidate(
@@ -98,8 +97,6 @@ def _search_fake(monkeypatch, cands, alone, seen_alone, missed=None, guessed=Non
     monkeypatch.setattr(_search, "check_alone", check_alone)
     monkeypatch.setattr(_search, "bounded", lambda *_: False)  # no integer program (`_levels`)
     monkeypatch.setattr(_line, "compiled_alone", lambda *_: False)
-    monkeypatch.setattr(_search, "compiled_alone", lambda *_: False)
-    monkeypatch.setattr(_search, "compile_alone", lambda *_: None)  # checked: `check_alone`
     know = N(margin=0.0, measured={}, guessed=set() if guessed is None else guessed)
     found = _search.cheaper_candidate(prep, know, 1000, None, 0.0, [plan], reference=130.0,
                                       band=0.0, seen=(plan.choice, seen_alone),
@@ -285,7 +282,6 @@ def test_one_solve_at_the_highest_level_ends_the_levels_left(prepared, monkeypat
         monkeypatch.setattr(_levels, "solve", solve)
         monkeypatch.setattr(_search, "bounded", real_bounded if probe else lambda *_: False)
         monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)  # one over closes a tier
-        monkeypatch.setattr(_search, "_ahead", lambda *_: None)  # no solve made beside a check
         found = _search.cheaper_candidate(prep, know, budget, prep.options, 0.0, [],
                                           reference, seen=seen, missed=[])  # fmt: skip
         return found, checked, solves
@@ -399,52 +395,6 @@ def test_one_solve_rules_out_the_per_layer_levels_below_the_models_error(monkeyp
     assert solved == []  # one level below the error: nothing to save
 
 
-def _batches(monkeypatch, cands, ahead, missed=None):
-    """`cheaper_candidate` at a budget of 1000 bytes from a plan of 140 FLOPs over ``cands``
-    (``(level it needs, recompute FLOPs, fits, per-layer)``: the first not excluded that a
-    level reaches is solved for), each checked alone at 900 bytes where it fits, else 1500;
-    with ``ahead`` or without `_search._ahead`. Returns the candidate found, those checked,
-    and the batches compiled alone (`compile_alone`), each a list of candidates."""
-    from remat._trace._tag import ScanChoice
-
-    solutions = [N(index=k, recompute_flops=f) for k, (_, f, _, _) in enumerate(cands)]
-    choices = [N(flops=f, model_bytes=0.0, choices={0: ScanChoice(
-                   names=(f"m{k}",), pattern=((), (f"m{k}",)) if mixed else ())})
-               for k, (_, f, _, mixed) in enumerate(cands)]  # fmt: skip
-    prep = N(nodes=[], weights={}, base=0.0, baseline=N(flops=100.0, num_devices=1),
-             decode=lambda s: choices[s.index])  # fmt: skip
-    budget = 1000
-    batches, compiled, checked = [], set(), []
-
-    def solve(nodes, budget_, exclude=(), **_):
-        return next((s for s, (level, *_) in zip(solutions, cands, strict=True)
-                     if budget * (1 + level) <= budget_ and s not in exclude), None)  # fmt: skip
-
-    def compile_alone(prep_, know_, pairs):
-        batch = [s.index for s, _ in pairs if s.index not in compiled]
-        compiled.update(batch)
-        batches.extend([batch] if batch else [])
-
-    def check_alone(prep_, know_, solution, choice):
-        compile_alone(prep_, know_, [(solution, choice)])
-        checked.append(solution.index)
-        return budget * (0.9 if cands[solution.index][2] else 1.5), False
-
-    monkeypatch.setattr(_search, "solve", solve)
-    monkeypatch.setattr(_search, "bounded", lambda *_: False)
-    monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)
-    monkeypatch.setattr(_search, "_priced", lambda *_: None)
-    monkeypatch.setattr(_search, "_priced_now", lambda *_: False)
-    monkeypatch.setattr(_search, "compile_alone", compile_alone)
-    monkeypatch.setattr(_search, "check_alone", check_alone)
-    monkeypatch.setattr(_search, "compiled_alone", lambda p, k, s, c: s.index in compiled)
-    if not ahead:
-        monkeypatch.setattr(_search, "_ahead", lambda *_: None)
-    know = N(margin=None, measured={}, option_extra={}, guessed=set())
-    found = _search.cheaper_candidate(prep, know, budget, [], 0.0, [], 140.0, missed=missed)
-    return found[0].index, checked, batches
-
-
 def test_a_per_layer_search_compiles_the_mix_it_checks_next_beside_the_one_it_checks(
     monkeypatch,
 ):
@@ -452,29 +402,51 @@ def test_a_per_layer_search_compiles_the_mix_it_checks_next_beside_the_one_it_ch
     (`_search._ahead`): the next level's where it fits, the same level's where it is over at
     the last level. The same mixes are checked and the same one found as one at a time, in
     fewer batches of compiles; a mix compiled already is checked with no compile beside."""
-    # A fits at the first level; at the last, three mixes as cheap are over.
-    mixes = [(0.0, 30.0, True, True)] + [(0.08, 20.0, False, True)] * 3
-    with monkeypatch.context() as m:
-        assert _batches(m, mixes, False) == (0, [0, 1, 2, 3], [[0], [1], [2], [3]])
+    from remat._trace._tag import ScanChoice
+
+    # (level it needs, recompute FLOPs, fits): A fits at the first level; at the last, three
+    # mixes as cheap are over.
+    mixes = [(0.0, 30.0, True), (0.08, 20.0, False), (0.08, 20.0, False), (0.08, 20.0, False)]
+    solutions = [N(index=k, recompute_flops=f) for k, (_, f, _) in enumerate(mixes)]
+    choices = [N(flops=f, choices={0: ScanChoice(names=("a",), pattern=((), (f"m{k}",)))})
+               for k, (_, f, _) in enumerate(mixes)]  # fmt: skip
+    prep = N(nodes=[], weights={}, base=0.0, baseline=N(flops=100.0, num_devices=1),
+             decode=lambda s: choices[s.index])  # fmt: skip
+    budget, real_ahead = 1000, _search._ahead
+
+    def solve(nodes, budget_, exclude=(), **_):
+        return next((s for s, (level, _, _) in zip(solutions, mixes, strict=True)
+                     if budget * (1 + level) <= budget_ and s not in exclude), None)  # fmt: skip
+
+    def run(ahead):
+        batches, compiled, checked = [], set(), []
+
+        def compile_alone(prep_, know_, pairs):
+            batch = [s.index for s, _ in pairs if s.index not in compiled]
+            compiled.update(batch)
+            batches.extend([batch] if batch else [])
+
+        def check_alone(prep_, know_, solution, choice):
+            compile_alone(prep_, know_, [(solution, choice)])
+            checked.append(solution.index)
+            return budget * (0.9 if mixes[solution.index][2] else 1.5), False
+
+        monkeypatch.setattr(_search, "solve", solve)
+        monkeypatch.setattr(_search, "bounded", lambda *_: False)
+        monkeypatch.setattr(_search, "error_spread", lambda *_: 0.0)
+        monkeypatch.setattr(_search, "_priced", lambda *_: None)
+        monkeypatch.setattr(_search, "_priced_now", lambda *_: False)
+        monkeypatch.setattr(_search, "compile_alone", compile_alone)
+        monkeypatch.setattr(_search, "check_alone", check_alone)
+        monkeypatch.setattr(_search, "compiled_alone", lambda p, k, s, c: s.index in compiled)
+        monkeypatch.setattr(_search, "_ahead", real_ahead if ahead else lambda *_: None)
+        know = N(margin=None, measured={}, option_extra={})
+        found = _search.cheaper_candidate(prep, know, budget, [], 0.0, [], 140.0)
+        return found[0].index, checked, batches
+
+    assert run(ahead=False) == (0, [0, 1, 2, 3], [[0], [1], [2], [3]])
     # B is compiled beside C; C, compiled already, compiles nothing beside; D on its own.
-    with monkeypatch.context() as m:
-        assert _batches(m, mixes, True) == (0, [0, 1, 2, 3], [[0], [1, 2], [3]])
-    mixes[2] = (0.08, 20.0, True, True)  # C fits: the search ends there, D never compiled
-    with monkeypatch.context() as m:
-        assert _batches(m, mixes, False) == (2, [0, 1, 2], [[0], [1], [2]])
-    with monkeypatch.context() as m:
-        assert _batches(m, mixes, True) == (2, [0, 1, 2], [[0], [1, 2]])
-
-
-def test_a_uniform_search_compiles_the_next_levels_candidate_beside_the_one_it_checks(
-    monkeypatch,
-):
-    """In the uniform search too, the next level's candidate (what the search checks next
-    where the one checked fits) is compiled beside it; at the last level a uniform candidate
-    over moves the model, so nothing is compiled beside it."""
-    # A fits at the first level, B at the next; C, at the last, is over.
-    cands = [(0.0, 30.0, True, False), (0.04, 20.0, True, False), (0.08, 10.0, False, False)]
-    with monkeypatch.context() as m:
-        assert _batches(m, cands, False, missed=[]) == (1, [0, 1, 2], [[0], [1], [2]])
-    with monkeypatch.context() as m:
-        assert _batches(m, cands, True, missed=[]) == (1, [0, 1, 2], [[0, 1], [2]])
+    assert run(ahead=True) == (0, [0, 1, 2, 3], [[0], [1, 2], [3]])
+    mixes[2] = (0.08, 20.0, True)  # C fits: the search ends there, and D is never compiled
+    assert run(ahead=False) == (2, [0, 1, 2], [[0], [1], [2]])
+    assert run(ahead=True) == (2, [0, 1, 2], [[0], [1, 2]])

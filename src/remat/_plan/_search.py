@@ -9,12 +9,10 @@ and when nothing fits the model, single values saved on top of its least-memory 
 
 from __future__ import annotations
 
-import functools
-
 from ._alone import check_alone, compile_alone, compiled_alone
 from ._calibrate import Prepared
 from ._levels import bounded, nothing_cheaper
-from ._line import guess, surely_over
+from ._line import guess
 from ._memo import Knowledge, Known, best_known, choice_key, cost, per_layer, step_flops
 from ._milp import Solution, solve
 from ._options import Choice, fixed_solution
@@ -108,7 +106,7 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
     if missed is None:  # per-layer: the levels below the model's error on ``seen`` at once?
         levels = _above_nothing(prep, budget_bytes, options, levels, error, reference,
                                 prep.base + margin + tight, excluded, above_floor(prep, above))  # fmt: skip
-    ahead = None  # (level, its solve) made while a check compiled (`_ahead`)
+    ahead = None  # (level, its solve) made while a per-layer check compiled (`_ahead`)
     # Once a floor is set, the levels left may be ended by one solve at the highest
     # (`_levels`): where three or more are left, and once per state of the search.
     bound, probed = bounded(prep, options), None
@@ -154,13 +152,11 @@ def cheaper_candidate(prep, know, budget_bytes, options, tight, excluded, refere
                 limit = budget_bytes * (1 + band) - margin + spread  # by the line, no compile
                 alone = guess(prep, know, solution, choice, pairs, limit, budget_bytes)
             if alone is None:
-                if checks < CHECKS:  # the candidate checked next, compiled beside
-                    settled = functools.partial(_settled_now, prep, know, missed is None,
-                                                pairs, budget_bytes * (1 + band) - margin,
-                                                spread, budget_bytes)  # fmt: skip
+                if missed is None and checks < CHECKS:  # per-layer: the next level's beside
                     ahead = _ahead(prep, know, budget_bytes, options, levels, relax,
                                    prep.base + margin + tight + back, excluded, floor,
-                                   costly, (solution, choice), reference, settled)  # fmt: skip
+                                   costly, (solution, choice),
+                                   budget_bytes * (1 + band) - margin, reference)  # fmt: skip
                 alone, _ = check_alone(prep, know, solution, choice)
             if alone + margin <= budget_bytes * (1 + band):
                 found = solution, choice, alone
@@ -235,32 +231,20 @@ def _put_back(know: Knowledge, charged: dict) -> None:
     know.option_extra.update(charged)
 
 
-def _settled_now(prep, know, per_layer_search, pairs, limit, spread, budget_bytes, solution,
-                 choice) -> bool:  # fmt: skip
-    """Whether `cheaper_candidate`, checking ``choice`` now, would settle it without a compile:
-    in a per-layer search, a per-layer candidate `_priced` (``limit``: the scan-alone peak
-    that fits); in the uniform one, a candidate the line through ``pairs`` puts surely over
-    ``limit`` and ``spread`` (`_line.guess`; nothing recorded)."""
-    if per_layer_search:
-        return per_layer(choice) and _priced_now(prep, know, solution, choice, limit)
-    return surely_over(prep, pairs, know.guessed, choice, limit + spread, budget_bytes) is not None
-
-
 def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, floor, costly,
-           pair, reference, settled):  # fmt: skip
-    """The solve `cheaper_candidate` makes after ``pair`` (a ``(solution, choice)`` about to be
-    checked alone, already in ``excluded``), made now, and its candidate compiled alone
-    beside ``pair`` (`compile_alone`: one lowers while the other compiles, and both compile
-    at once) when it is not yet compiled, cheaper than what it must beat, and not one the
-    search would settle without a compile (``settled``: `_settled_now`).
+           pair, limit, reference):  # fmt: skip
+    """The solve `cheaper_candidate` makes after ``pair`` (a per-layer ``(solution, choice)``
+    about to be checked alone, already in ``excluded``), made now, and its candidate compiled
+    alone beside ``pair`` (`compile_alone`: one lowers while the other compiles, and both
+    compile at once) when it is a per-layer candidate not yet compiled, cheaper than what it
+    must beat, nor priced without a compile (`_priced`, against ``limit``).
 
     Where a level follows ``relax`` (of ``levels``), that is the solve at the next level for
-    one cheaper than ``pair`` (taken where ``pair`` fits: the search then moves neither the
-    floor nor the model); at the last level, for a per-layer ``pair``, the solve at
+    one cheaper than ``pair`` (taken where ``pair`` fits); at the last level, the solve at
     ``relax`` again for one cheaper than ``reference`` (taken where ``pair`` is over: a
-    per-layer candidate over moves neither either, so the search solves just that). On the
-    vs_torch GPT at 25% the uniform search's two candidates that fit compile together, and
-    so do the per-layer search's first two mixes and its last two. Returns ``(level, solution or None)`` for the loop to take at that level, or
+    per-layer candidate over moves neither the floor nor the model, so the search solves
+    just that). On the vs_torch GPT at 25% the last level's two mixes, both over, compile
+    together. Returns ``(level, solution or None)`` for the loop to take at that level, or
     None where nothing would compile beside ``pair`` (compiled alone already) or ``pair`` is
     a uniform candidate at the last level."""
     if compiled_alone(prep, know, *pair):
@@ -279,9 +263,10 @@ def _ahead(prep, know, budget_bytes, options, levels, relax, fixed, excluded, fl
     if solution is not None:
         choice = prep.decode(solution)
         if (
-            choice_key(choice) not in know.measured
+            per_layer(choice)
+            and choice_key(choice) not in know.measured
             and step_flops(prep, choice) < beat * (1 - 1e-9)
-            and not settled(solution, choice)
+            and not _priced_now(prep, know, solution, choice, limit)
         ):
             pairs.append((solution, choice))
     compile_alone(prep, know, pairs)
