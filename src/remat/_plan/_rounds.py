@@ -51,9 +51,10 @@ from ._mixes import completed, finding
 from ._named import ahead as named_ahead
 from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
+from ._nested import nested_scans
 from ._options import Choice
 from ._perlayer import uniform_of
-from ._result import InfeasibleBudget, Plan, PlanStats, nested_scans
+from ._result import InfeasibleBudget, Plan, PlanStats
 from ._saved import smaller_as_cheap, within_saved
 from ._search import (
     CHECKS,
