@@ -71,8 +71,7 @@ def check_least(prep: Any, know: Knowledge, solution: Any, choice: Any) -> tuple
     """`check_alone` of the least-memory choice (nothing fits the model), with the named
     strategies `surely_over` checks next and the least-memory choices the rounds solve for
     next (`next_least`) compiled beside it (`compile_alone`: at once, not one after the
-    other; at Llama-3-8B shapes an infeasible re-plan at 35% compiled the named strategies
-    last, alone, after four checks of the least-memory choices, and those one per round)."""
+    other)."""
     named = _named(prep, know)
     later = [] if named is None else next_least(prep, know, solution)
     compile_alone(prep, know, [(solution, choice), *(named or []), *later])
@@ -90,9 +89,9 @@ def next_least(prep: Any, know: Knowledge, solution: Any) -> list[tuple[Any, Any
     ``solution`` runs no schedule left to charge (the rounds then settle on it), nor before
     any schedule is charged: a charge may leave its schedule the least (Llama-3-70B shapes,
     35% after 50%: `Binomial(1)` stays the least, and the three after it, compiled beside
-    it, went unused). At Llama-3-8B shapes, 35% after 50% and 70%: four least-memory
-    choices, each a schedule charged in turn, were compiled alone one per round; now the
-    first alone, then the other three at once."""
+    it, would go unused). At Llama-3-8B shapes, 35% after 50% and 70%, the least-memory
+    choice runs four schedules in turn: the first is compiled alone, the other three at
+    once beside its check."""
 
     def uncharged(s):
         return {
