@@ -282,14 +282,13 @@ def read_dump(folder: Path | str, backend: str = "cpu") -> Dump:
 def compile_with_dump(lowered: Any, options: dict[str, Any] | None = None) -> tuple[Any, Dump]:
     """``lowered.compile(options)`` with XLA's dump written into a temporary folder (removed
     afterwards) and read: ``(compiled, Dump)``."""
-    import jax
-
-    options = read_options(options, lowered_platform(lowered))
+    platform = lowered_platform(lowered)
+    options = read_options(options, platform)
     folder = tempfile.mkdtemp(prefix="remat-xla-")
     try:
         with no_persistent_cache():
             compiled = lowered.compile({**(options or {}), "xla_dump_to": folder})
         record(compiled, folder)  # a TPU program's HBM, for the peak (`remat._measure._hbm`)
-        return compiled, read_dump(folder, jax.default_backend())
+        return compiled, read_dump(folder, platform)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
