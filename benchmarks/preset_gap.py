@@ -22,8 +22,15 @@ whole, the values outside them tagged with the same names.
 the calls that hold none of them kept (`ScanChoice.kept_calls`): a set the search compiled
 or checked on its scans alone, against the preset's peak.
 
+``--given`` instead plans the un-checkpointed decoder at the preset's own compiled peak with
+the preset's names given as a strategy (``strategies=("names:...",)``: compiled whole, and
+kept as calls where it misses by little, `remat._plan._calls.near_miss`), and prints the
+plan's FLOPs against the preset's, its compiled peak and its compiles: what the planner
+reaches when it knows the preset's set, against `scale_bench.py`'s row, where it does not.
+
 Usage:
   PYTHONPATH=src python benchmarks/preset_gap.py [--model Llama-3-8B] [--preset minimal]
+  PYTHONPATH=src python benchmarks/preset_gap.py --given [--model Llama-3-8B] [--preset minimal]
   PYTHONPATH=src python benchmarks/preset_gap.py --model Llama-3.2-1B --plan 50% [--keep _where]
   PYTHONPATH=src python benchmarks/preset_gap.py --names remat_s0_e14,remat_s0_e45,...
 """
@@ -90,6 +97,36 @@ def named_forms(args, sizes, spec) -> None:
               f"peak {m.peak_bytes:,} FLOPs {hlo_flops(compiled.as_text()):.6e}", flush=True)  # fmt: skip
 
 
+def given_plan(args, sizes, spec) -> None:
+    """``--given``: the plan at the preset's peak with the preset's names given."""
+    import time
+
+    import optax
+
+    import remat
+    from remat._measure._hlo import hlo_flops
+    from remat._measure._peak import compiled_memory
+    from remat._measure._step import lower_step
+    from remat._models._maxtext import PRESETS, decoder_shapes
+    from remat._plan._costmodel import model_scans
+    from remat._trace._tag import planned_scans
+
+    compiled = lower_step(*decoder_shapes(PRESETS[args.preset], sizes), spec).compile()
+    peak, flops = compiled_memory(compiled).peak_bytes, hlo_flops(compiled.as_text())
+    loss, shapes = decoder_shapes(None, sizes)
+    (model,) = model_scans(planned_scans(loss, *shapes))
+    tagged = {v.user_name for v in model.values if v.user_name}
+    names = [n for n in PRESETS[args.preset] if n in tagged]
+    start = time.perf_counter()
+    p = remat.plan(loss, *shapes, budget=peak, optimizer=optax.adam(1e-4), verbose=False,
+                   strategies=("names:" + ",".join(names),))  # fmt: skip
+    print(f"{args.model} {args.preset} peak {peak:,}: plan with the preset's names given "
+          f"{time.perf_counter() - start:.1f} s, {p.stats.step_compiles} + "
+          f"{p.stats.scan_compiles} compiles, compiled {p.measured_peak_bytes:,}, FLOPs "
+          f"{p.measured.flops / flops:.4f}x the preset's, calls kept "
+          f"{any(s.kept_calls for s in p.scans)}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     import jax
     import optax
@@ -111,6 +148,7 @@ def main() -> None:
     parser.add_argument("--plan", help="plan at this budget and compare the calls' forms")
     parser.add_argument("--keep", help="with --plan: the calls kept, by name (a,b); else all")
     parser.add_argument("--names", help="compile this planner save set (a,b) in both forms")
+    parser.add_argument("--given", action="store_true", help="plan with the preset given")
     args = parser.parse_args()
     sizes = sizes_of(MODELS[args.model], 4096)
     spec = as_step(Step(0, False, optax.adam(1e-4)))
@@ -119,6 +157,9 @@ def main() -> None:
         return
     if args.names:
         named_forms(args, sizes, spec)
+        return
+    if args.given:
+        given_plan(args, sizes, spec)
         return
     loss, shapes = decoder_shapes(None, sizes)
     infos = planned_scans(loss, *shapes)

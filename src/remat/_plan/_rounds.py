@@ -278,7 +278,8 @@ def _uniform_rounds(
             _verify(prep, know, key, choice, margin, beside=beside)
         elif known is None:
             say(f"checking a candidate on its scans alone (round {rounds + 1})")
-            check = check_least if smallest and not looked else check_alone  # `_settled`
+            check = (functools.partial(check_least, budget_bytes=budget_bytes)
+                     if smallest and not looked else check_alone)  # `_settled`  # fmt: skip
             alone, recharged = None, False
             if not smallest and not looked and checks < CHECKS:  # surely over: no compile
                 limit = budget_bytes - margin + memory_spread(prep, know, first_margin)
