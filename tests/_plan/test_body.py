@@ -69,3 +69,32 @@ def test_the_body_is_traced_once_for_every_save_set(case, monkeypatch):
     assert [c.names for c in traced] == [()]  # the forward program, with a placeholder policy
     _body.lower_scan(info, None, length)  # as written: no checkpoint to put a policy in
     assert traced[1:] == [None]
+
+
+def test_mixes_sharing_a_save_set_reuse_its_layers_traces(case, monkeypatch):
+    """A per-layer program's layers are the same checkpointed functions for one scan body and
+    save set (`_periodic._layer`, `_body._bodies`): a mix lowered after another sharing one
+    of its sets traces the body fewer times, and lowers to the same program."""
+    from remat._trace import _periodic
+
+    info, length, choices = case
+    shared, other, third = choices[3].names, (), choices[2].names
+
+    def mix(a, b):
+        return ScanChoice(names=tuple(sorted({*a, *b})), pattern=(a,) * (length - 1) + (b,))
+
+    calls = []
+    traced = _body.eval_tagged
+    monkeypatch.setattr(_body, "eval_tagged", lambda *a: calls.append(1) or traced(*a))
+    monkeypatch.setattr(_body, "_BODIES", {})
+    monkeypatch.setattr(_periodic, "_LAYERS", {})
+    _body.lower_scan(info, mix(shared, other), length)
+    calls.clear()
+    after = _body.lower_scan(info, mix(shared, third), length).as_text()
+    reused = len(calls)
+    monkeypatch.setattr(_body, "_BODIES", {})
+    monkeypatch.setattr(_periodic, "_LAYERS", {})
+    calls.clear()
+    fresh = _body.lower_scan(info, mix(shared, third), length).as_text()
+    assert reused < len(calls)
+    assert after == fresh

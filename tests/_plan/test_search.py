@@ -450,3 +450,18 @@ def test_a_per_layer_search_compiles_the_mix_it_checks_next_beside_the_one_it_ch
     mixes[2] = (0.08, 20.0, True)  # C fits: the search ends there, and D is never compiled
     assert run(ahead=False) == (2, [0, 1, 2], [[0], [1], [2]])
     assert run(ahead=True) == (2, [0, 1, 2], [[0], [1, 2]])
+
+
+def test_a_per_layer_candidates_error_does_not_keep_a_named_one_from_far_over():
+    """`_named.far_over` judges a named candidate (one set in every layer) by the model's
+    error on the uniform candidates compiled alone: a per-layer one's error is its mix's own
+    charge (two loops), which would otherwise have the named candidate compiled alone."""
+    from remat._plan._named import SAFETY, far_over
+
+    prep, know = N(base=0.0, margin=None), N(margin=0.0, measured={})
+    uniform = N(model_bytes=100.0, choices={0: N(pattern=())})
+    mix = N(model_bytes=100.0, choices={0: N(pattern=(("a",), ("b",)))})
+    named = N(model_bytes=100.0 + SAFETY * 10.0)  # over by 4x an error of 10
+    assert far_over(prep, know, named, 100.0, [(uniform, 95.0), (mix, 80.0)])
+    assert not far_over(prep, know, named, 100.0, [(uniform, 80.0)])  # a uniform error of 20
+    assert not far_over(prep, know, named, 100.0, [(mix, 80.0)])  # no uniform error known

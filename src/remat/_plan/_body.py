@@ -47,20 +47,42 @@ from ._compile import SCAN, compile_each, scan_options
 from ._phases import ScanMemory
 from ._twolines import lone_last
 
+# `_bodies`' functions per scan, the most recent last: (id(jaxpr), position, carries) ->
+# (jaxpr, plain, tagged).
+_BODIES: dict[tuple[int, int, int], tuple[Any, Any, Any]] = {}
+# The most scan bodies `_bodies` keeps.
+MOST_BODIES = 8
+
+
+def _bodies(info: ScanInfo) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(plain, tagged)``: the scan's body ``body(consts, carry, x) -> (carry, ys)`` as it
+    is and with its values tagged (`eval_tagged`), the same functions for one body each time
+    (a per-layer program's layers are then JAX's cached traces, `_periodic._layer`)."""
+    key = (id(info.jaxpr), info.position, info.num_carry)
+    hit = _BODIES.pop(key, None)
+    if hit is None or hit[0] is not info.jaxpr:
+        flat = flatten(info.jaxpr)
+        nk = info.num_carry
+
+        def plain(consts, carry, xs):
+            outs = _eval_inlined(flat.jaxpr, flat.consts, [*consts, *carry, *xs])
+            return list(outs[:nk]), list(outs[nk:])
+
+        def tagged(consts, carry, xs):
+            outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
+            return list(outs[:nk]), list(outs[nk:])
+
+        hit = (info.jaxpr, plain, tagged)
+    _BODIES[key] = hit
+    while len(_BODIES) > MOST_BODIES:
+        del _BODIES[next(iter(_BODIES))]
+    return hit[1], hit[2]
+
 
 def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Callable[..., Any]:
     """``run(consts, init, xs) -> (carry, ys)``: the scan at ``info`` alone, ``length`` steps,
     checkpointed as ``choice`` says (``None``: as it is)."""
-    flat = flatten(info.jaxpr)
-    nk = info.num_carry
-
-    def plain(consts, carry, xs):
-        outs = _eval_inlined(flat.jaxpr, flat.consts, [*consts, *carry, *xs])
-        return list(outs[:nk]), list(outs[nk:])
-
-    def tagged(consts, carry, xs):
-        outs = eval_tagged(flat, info.position, [*consts, *carry, *xs])
-        return list(outs[:nk]), list(outs[nk:])
+    plain, tagged = _bodies(info)
 
     def run(consts, init, xs):
         if choice is not None and choice.pattern:  # per layer: each position its own policy

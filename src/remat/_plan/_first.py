@@ -103,7 +103,8 @@ def instead(
                 solved[key] = as_cheap_solve(prep, know, budget_bytes, mixed)
             # What `_named.try_named` checks alone once the step fits (`InPlace.wanted`).
             compile_alone(prep, know, named_ahead(prep, know, budget_bytes,
-                                                  step_flops(prep, mixed), alone + margin))  # fmt: skip
+                                                  step_flops(prep, mixed), alone + margin,
+                                                  [(choice, alone)]))  # fmt: skip
 
         verify(prep, know, key, mixed, margin, alone=mixed_alone, ahead=meanwhile)
         measured = know.measured[key].measured
@@ -129,8 +130,14 @@ class InPlace:
     verify: Callable[..., None]
     replaced: list[float] = dataclasses.field(default_factory=list)
     solved: dict = dataclasses.field(default_factory=dict)
+    # The uniform candidates it saw checked alone, ``(choice, scan-alone prediction)``: what
+    # tells `_named.far_over` the model's error on a set in every layer, where the plan
+    # measured is a per-layer one.
+    seen: list = dataclasses.field(default_factory=list)
 
     def __call__(self, solution: Any, choice: Choice, alone: float | None) -> bool:
+        if alone is not None:
+            self.seen.append((choice, alone))
         peak = instead(completed(self.prep, self.know), self.know, self.budget_bytes, self.say,
                        self.verify, solution, choice, alone, self.solved)  # fmt: skip
         self.replaced.extend([] if peak is None else [peak])

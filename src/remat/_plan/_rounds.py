@@ -146,7 +146,8 @@ def plan_prepared(
         say("checking the named strategies")
         try_named(prep, know, budget_bytes, best,
                   lambda key, choice, alone: _verify(prep, know, key, choice,
-                                                     know.margin or 0.0, alone=alone))  # fmt: skip
+                                                     know.margin or 0.0, alone=alone),
+                  first.seen)  # fmt: skip
         best = best_known(prep, know, budget_bytes, cap)
     if near_miss(prep, know, budget_bytes, say, verify):
         best = best_known(prep, know, budget_bytes, cap)
