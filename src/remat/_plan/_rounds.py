@@ -5,8 +5,8 @@ A round solves the integer program, checks the candidate on each of its scans co
 the linear model put a little over the budget (`_search.cheaper_candidate`, also checked
 alone); the cheapest predicted to fit is compiled whole and measured, and while it compiles,
 what the rounds will likely check next is compiled alone (`_look_ahead`). A candidate
-checked alone and predicted over the budget rules out the candidates that recompute as
-little (`_search.above_floor`). When nothing fits the
+checked alone and predicted over the budget, or compiled and measured over it, rules out the
+candidates that recompute as little (`_search.above_floor`). When nothing fits the
 model, values saved one at a time are tried first (`_search.smaller_candidate`). The first
 verified plan of a program also measures what the scan-alone programs do not see (the memory
 outside the scans); a second round runs only when the plan was over the budget, or, for the
@@ -357,15 +357,23 @@ def _uniform_rounds(
             if found is None:
                 break
             pending = (found[0], False)
-        elif fallback is not None:
-            # A cheaper candidate was over: the one it replaced, looking again from there with
-            # the memory outside the scans now measured (it may be no solver's choice: a
-            # smaller candidate is found by trying values saved, `smaller_candidate`).
-            pending, fallback = (fallback, True), None
-        elif rounds >= ROUNDS and best_known(prep, know, budget_bytes) is not None:
-            break
-        elif smallest:
-            break  # the least memory the model knows is over: nothing smaller to try
+        else:
+            if not smallest:
+                # Measured over: its tier is ruled out as if checked alone and predicted over
+                # (`above_floor`); else the solver offers its equals (values that cost no
+                # FLOPs to recompute, saved or not) one round each.
+                excluded.append(solution)
+                above = max(above or 0.0, solution.recompute_flops)
+            if fallback is not None:
+                # A cheaper candidate was over: the one it replaced, looking again from there
+                # with the memory outside the scans now measured (it may be no solver's
+                # choice: a smaller candidate is found by trying values saved,
+                # `smaller_candidate`).
+                pending, fallback = (fallback, True), None
+            elif rounds >= ROUNDS and best_known(prep, know, budget_bytes) is not None:
+                break
+            elif smallest:
+                break  # the least memory the model knows is over: nothing smaller to try
     rounds += within_spread(prep, know, budget_bytes, missed, first_margin, say, _verify)
     return rounds, solve_seconds, None
 
