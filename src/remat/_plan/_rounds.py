@@ -44,6 +44,7 @@ from ._memo import (
     cost,
     reported_margin,
     saved_of,
+    siblings,
     step_flops,
 )
 from ._milp import Solution, solve
@@ -69,7 +70,7 @@ from ._search import (
     seen_in,
     smaller_candidate,
 )
-from ._settled import check_least, surely_over
+from ._settled import check_least, compile_least, surely_over
 from ._spread import checked as checked_alone
 from ._spread import error_spread, within_spread
 from ._spread import spread as memory_spread
@@ -130,6 +131,9 @@ def plan_prepared(
     def verify(key, choice):  # a step compiled beside the rounds' own
         _verify(prep, know, key, choice, know.margin or 0.0)
 
+    def least_verify(key, choice, alone):
+        _verify(prep, know, key, choice, know.margin or 0.0, alone=alone)
+
     if mixed:
         if not first.replaced:  # else that search ran before the rounds' first step compile
             rounds += _per_layer(prep, know, budget_bytes, say)
@@ -150,6 +154,11 @@ def plan_prepared(
         best = best_known(prep, know, budget_bytes, cap)
     if near_miss(prep, know, budget_bytes, say, verify):
         best = best_known(prep, know, budget_bytes, cap)
+    if best is None and cap is None:  # the floor quoted is the least reached
+        steps = compile_least(prep, know, least_verify)
+        if steps is not None:  # the least predicted is compiled: no prediction to quote
+            rounds, settled = rounds + steps, None
+            best = best_known(prep, know, budget_bytes, cap)
     counts, seconds = tally()
     stats = PlanStats(
         step_compiles=counts.get(STEP, 0) - counts0.get(STEP, 0),
@@ -166,12 +175,14 @@ def plan_prepared(
                                peak_of(prep.baseline),
                                saved=(saved.spec, cap, saved_of(least.measured)))  # fmt: skip
     if best is None:
-        compiled = [k for k in know.measured.values() if k.measured.peak_source != REFUSED]
-        least = min(compiled, key=lambda k: peak_of(k.measured), default=None)
+        # Any plan of the program compiled so far, per-layer or not (`_memo.siblings`).
+        compiled = [(k, prep if other is know else other.prepared) for other in siblings(know)
+                    for k in other.measured.values() if k.measured.peak_source != REFUSED]  # fmt: skip
+        least, owner = min(compiled, key=lambda p: peak_of(p[0].measured), default=(None, prep))
         smallest_peak = prep.smallest if least is None else peak_of(least.measured)
         raise InfeasibleBudget(
             budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
-            strategy=None if least is None else describe(prep, least.choice),
+            strategy=None if least is None else describe(owner, least.choice),
             predicted=settled, nested=nested_scans(prep.infos),
         )  # fmt: skip
     return Plan(
