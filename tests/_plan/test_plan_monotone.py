@@ -1,11 +1,12 @@
 """A larger budget never gets a dearer plan.
 
 A linen `nn.scan` over `nn.remat(Block, policy=nothing_saveable)` (the MaxText way): as
-written it saves nothing, so a budget above its peak buys cheaper plans. Here the candidate
-that recomputes nothing compiles over the larger budget, and the solver offers its equals
-(values that cost no FLOPs to recompute, saved or not), each with the same measured peak: a
-candidate measured over must rule out its tier (`_search.above_floor`), else the rounds
-compile its equals until they end and return the program as written, dearer than the plan
+written it saves nothing, so a budget above its peak buys cheaper plans. The model puts the
+candidate that recomputes nothing far under the larger budget, so it is compiled without a
+check of its scans alone (`_rounds._ample`), and it measures over; the solver then offers its
+equals (values that cost no FLOPs to recompute, saved or not), each with the same peak. Once
+a compiled candidate is over, the next ones must be checked alone first, else the rounds
+compile those equals until they end and return the program as written, dearer than the plan
 found at the smaller budget.
 """
 

@@ -5,8 +5,9 @@ A round solves the integer program, checks the candidate on each of its scans co
 the linear model put a little over the budget (`_search.cheaper_candidate`, also checked
 alone); the cheapest predicted to fit is compiled whole and measured, and while it compiles,
 what the rounds will likely check next is compiled alone (`_look_ahead`). A candidate
-checked alone and predicted over the budget, or compiled and measured over it, rules out the
-candidates that recompute as little (`_search.above_floor`). When nothing fits the
+checked alone and predicted over the budget rules out the candidates that recompute as little
+(`_search.above_floor`); a candidate the model puts far under the budget is compiled without
+that check (`_ample`) until one compiled measures over. When nothing fits the
 model, values saved one at a time are tried first (`_search.smaller_candidate`). The first
 verified plan of a program also measures what the scan-alone programs do not see (the memory
 outside the scans); a second round runs only when the plan was over the budget, or, for the
@@ -233,6 +234,7 @@ def _uniform_rounds(
     # Candidates checked alone and predicted over the budget (`_spread.within_spread`).
     missed: list[tuple[Solution, Choice, float]] = []
     first_margin = know.margin  # the memory outside the scans the rounds begin with
+    overshot = False  # a compiled candidate measured over the budget (`_ample`)
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
@@ -277,7 +279,8 @@ def _uniform_rounds(
             checks += 1  # compiled before and over: exclude it without a round
             excluded.append(solution)
             continue
-        if known is None and _ample(prep, know, solution, choice, budget_bytes, margin + tight):
+        if known is None and not overshot and _ample(prep, know, solution, choice, budget_bytes,
+                                                    margin + tight):  # fmt: skip
             # Far under the budget by the model: checked alone while the step compiles (the
             # check gives the memory outside the scans, not the decision).
             if first is not None and first(solution, choice, None):
@@ -350,6 +353,11 @@ def _uniform_rounds(
         over = peak_of(known.measured) - budget_bytes
         if known.measured.peak_source == REFUSED:
             over = max(over, 1)
+        # A candidate the model put far under the budget measured over it: the model is off
+        # for this program, and the next ones are checked alone before a compile (else the
+        # solver offers its equals, values that cost no FLOPs to recompute saved or not, and
+        # each is compiled over the budget in turn).
+        overshot = overshot or over > 0
         if over <= 0:
             fallback = None
             point = cheaper_point(prep, know, budget_bytes) if rounds < max_rounds else None
@@ -368,23 +376,15 @@ def _uniform_rounds(
             if found is None:
                 break
             pending = (found[0], False)
-        else:
-            if not smallest:
-                # Measured over: its tier is ruled out as if checked alone and predicted over
-                # (`above_floor`); else the solver offers its equals (values that cost no
-                # FLOPs to recompute, saved or not) one round each.
-                excluded.append(solution)
-                above = max(above or 0.0, solution.recompute_flops)
-            if fallback is not None:
-                # A cheaper candidate was over: the one it replaced, looking again from there
-                # with the memory outside the scans now measured (it may be no solver's
-                # choice: a smaller candidate is found by trying values saved,
-                # `smaller_candidate`).
-                pending, fallback = (fallback, True), None
-            elif rounds >= ROUNDS and best_known(prep, know, budget_bytes) is not None:
-                break
-            elif smallest:
-                break  # the least memory the model knows is over: nothing smaller to try
+        elif fallback is not None:
+            # A cheaper candidate was over: the one it replaced, looking again from there with
+            # the memory outside the scans now measured (it may be no solver's choice: a
+            # smaller candidate is found by trying values saved, `smaller_candidate`).
+            pending, fallback = (fallback, True), None
+        elif rounds >= ROUNDS and best_known(prep, know, budget_bytes) is not None:
+            break
+        elif smallest:
+            break  # the least memory the model knows is over: nothing smaller to try
     rounds += within_spread(prep, know, budget_bytes, missed, first_margin, say, _verify)
     return rounds, solve_seconds, None
 
