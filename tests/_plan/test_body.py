@@ -3,10 +3,11 @@ save set: the same lowered text and the same compiled memory, byte for byte."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import fixed_save_sets
+from conftest import fixed_save_sets, mlp_stack
 from remat._measure._peak import compiled_memory
 from remat._models._gpt import make_gpt
 from remat._models._maxtext import decoder_shapes
@@ -98,3 +99,18 @@ def test_mixes_sharing_a_save_set_reuse_its_layers_traces(case, monkeypatch):
     fresh = _body.lower_scan(info, mix(shared, third), length).as_text()
     assert reused < len(calls)
     assert after == fresh
+
+
+def test_a_scan_alone_as_written_keeps_the_programs_checkpoints():
+    # The scan-alone program "as written" (``choice=None``) measures the memory outside the
+    # scans (`Prepared.margin`): a body the program checkpoints itself saves nothing.
+    def loss(params, x):
+        block = jax.checkpoint(lambda h, w: (h + jnp.tanh(h @ w[0]) @ w[1], None),
+                               policy=jax.checkpoint_policies.nothing_saveable)  # fmt: skip
+        return jnp.mean(jax.lax.scan(block, x, params)[0] ** 2)
+
+    info, length, (_, nothing, _) = fixed_save_sets(loss, mlp_stack(layers=4, batch=64)[1])
+    temp = {name: _body.scan_memory(info, choice, length).temp_bytes
+            for name, choice in [("written", None), ("nothing", nothing),
+                                 ("plain", ScanChoice(names=None))]}  # fmt: skip
+    assert temp["written"] == temp["nothing"] < temp["plain"]

@@ -226,7 +226,7 @@ def test_model_is_deterministic(stack):
 def test_falls_back_to_a_calibration_point(stack, monkeypatch):
     """If the solver finds nothing, the calibration point that fits (nothing saved: every
     step recomputed) is compiled and returned; below its compiled peak nothing fits."""
-    from remat._plan import _rounds, _search
+    from remat._plan import _rounds, _search, _settled
     from remat._plan._compile import light_peak
     from remat._plan._plan import knowledge
     from remat._trace._tag import rewrite
@@ -239,6 +239,7 @@ def test_falls_back_to_a_calibration_point(stack, monkeypatch):
     peak_none = light_peak(rewrite(loss, nothing.choices), args, 0)
     monkeypatch.setattr(_rounds, "solve", lambda *a, **k: None)
     monkeypatch.setattr(_search, "solve", lambda *a, **k: None)
+    monkeypatch.setattr(_settled, "solve", lambda *a, **k: None)
     p = _rounds.plan_prepared(prep, read_budget(peak_none + 1))
     assert p.scans[0].names == () and p.measured_peak_bytes == peak_none
     assert_tree_allclose(jax.grad(p.fn)(*args), jax.grad(loss)(*args))

@@ -83,11 +83,18 @@ def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Call
     """``run(consts, init, xs) -> (carry, ys)``: the scan at ``info`` alone, ``length`` steps,
     checkpointed as ``choice`` says (``None``: as it is)."""
     plain, tagged = _bodies(info)
+    nk = info.num_carry
+
+    def written(consts, carry, xs):  # the body as the program wrote it, checkpoints kept
+        outs = jcore.jaxpr_as_fun(info.jaxpr)(*consts, *carry, *xs)
+        return list(outs[:nk]), list(outs[nk:])
 
     def run(consts, init, xs):
         if choice is not None and choice.pattern:  # per layer: each position its own policy
             return periodic_loop(tagged, choice.pattern, consts, init, xs, length, info.reverse)
-        if choice is None or choice.names is None:
+        if choice is None:
+            body = written
+        elif choice.names is None:
             body = plain
         elif choice.schedule == "per_step":
             body = jax.checkpoint(tagged, policy=choice.policy(), prevent_cse=False)

@@ -115,6 +115,16 @@ def kept(key: Callable[[], Any], fn: Any, args: Any, make: Callable[[], Knowledg
     return know
 
 
+def siblings(know: Knowledge) -> list[Knowledge]:
+    """``know`` and the knowledge kept of the same program planned with per-layer options
+    or without (`key_of`'s ``per_layer``): what either compiled, the program reaches."""
+    key = next((k for k, v in _MEMORY.items() if v is know), None)
+    if key is None:
+        return [know]
+    same = key[:3] + key[4:]
+    return [know, *(v for k, v in _MEMORY.items() if v is not know and k[:3] + k[4:] == same)]
+
+
 def remember(key: Any, know: Knowledge) -> None:
     _MEMORY[key] = know
     _MEMORY.move_to_end(key)

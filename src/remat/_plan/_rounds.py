@@ -5,8 +5,9 @@ A round solves the integer program, checks the candidate on each of its scans co
 the linear model put a little over the budget (`_search.cheaper_candidate`, also checked
 alone); the cheapest predicted to fit is compiled whole and measured, and while it compiles,
 what the rounds will likely check next is compiled alone (`_look_ahead`). A candidate
-checked alone and predicted over the budget rules out the candidates that recompute as
-little (`_search.above_floor`). When nothing fits the
+checked alone and predicted over the budget rules out the candidates that recompute as little
+(`_search.above_floor`); a candidate the model puts far under the budget is compiled without
+that check (`_ample`) until one compiled measures over. When nothing fits the
 model, values saved one at a time are tried first (`_search.smaller_candidate`). The first
 verified plan of a program also measures what the scan-alone programs do not see (the memory
 outside the scans); a second round runs only when the plan was over the budget, or, for the
@@ -44,6 +45,7 @@ from ._memo import (
     cost,
     reported_margin,
     saved_of,
+    siblings,
     step_flops,
 )
 from ._milp import Solution, solve
@@ -69,7 +71,7 @@ from ._search import (
     seen_in,
     smaller_candidate,
 )
-from ._settled import check_least, surely_over
+from ._settled import check_least, compile_least, surely_over
 from ._spread import checked as checked_alone
 from ._spread import error_spread, within_spread
 from ._spread import spread as memory_spread
@@ -130,6 +132,9 @@ def plan_prepared(
     def verify(key, choice):  # a step compiled beside the rounds' own
         _verify(prep, know, key, choice, know.margin or 0.0)
 
+    def least_verify(key, choice, alone):
+        _verify(prep, know, key, choice, know.margin or 0.0, alone=alone)
+
     if mixed:
         if not first.replaced:  # else that search ran before the rounds' first step compile
             rounds += _per_layer(prep, know, budget_bytes, say)
@@ -151,6 +156,11 @@ def plan_prepared(
         best = best_known(prep, know, budget_bytes, cap)
     if near_miss(prep, know, budget_bytes, say, verify):
         best = best_known(prep, know, budget_bytes, cap)
+    if best is None and cap is None:  # the floor quoted is the least reached
+        steps = compile_least(prep, know, least_verify)
+        if steps is not None:  # the least predicted is compiled: no prediction to quote
+            rounds, settled = rounds + steps, None
+            best = best_known(prep, know, budget_bytes, cap)
     counts, seconds = tally()
     stats = PlanStats(
         step_compiles=counts.get(STEP, 0) - counts0.get(STEP, 0),
@@ -167,12 +177,14 @@ def plan_prepared(
                                peak_of(prep.baseline),
                                saved=(saved.spec, cap, saved_of(least.measured)))  # fmt: skip
     if best is None:
-        compiled = [k for k in know.measured.values() if k.measured.peak_source != REFUSED]
-        least = min(compiled, key=lambda k: peak_of(k.measured), default=None)
+        # Any plan of the program compiled so far, per-layer or not (`_memo.siblings`).
+        compiled = [(k, prep if other is know else other.prepared) for other in siblings(know)
+                    for k in other.measured.values() if k.measured.peak_source != REFUSED]  # fmt: skip
+        least, owner = min(compiled, key=lambda p: peak_of(p[0].measured), default=(None, prep))
         smallest_peak = prep.smallest if least is None else peak_of(least.measured)
         raise InfeasibleBudget(
             budget.spec, budget_bytes, smallest_peak, peak_of(prep.baseline), bool(prep.written),
-            strategy=None if least is None else describe(prep, least.choice),
+            strategy=None if least is None else describe(owner, least.choice),
             predicted=settled, nested=nested_scans(prep.infos),
         )  # fmt: skip
     return Plan(
@@ -223,6 +235,7 @@ def _uniform_rounds(
     # Candidates checked alone and predicted over the budget (`_spread.within_spread`).
     missed: list[tuple[Solution, Choice, float]] = []
     first_margin = know.margin  # the memory outside the scans the rounds begin with
+    overshot = False  # a compiled candidate measured over the budget (`_ample`)
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
@@ -267,7 +280,8 @@ def _uniform_rounds(
             checks += 1  # compiled before and over: exclude it without a round
             excluded.append(solution)
             continue
-        if known is None and _ample(prep, know, solution, choice, budget_bytes, margin + tight):
+        if known is None and not overshot and _ample(prep, know, solution, choice, budget_bytes,
+                                                    margin + tight):  # fmt: skip
             # Far under the budget by the model: checked alone while the step compiles (the
             # check gives the memory outside the scans, not the decision).
             if first is not None and first(solution, choice, None):
@@ -341,6 +355,11 @@ def _uniform_rounds(
         over = peak_of(known.measured) - budget_bytes
         if known.measured.peak_source == REFUSED:
             over = max(over, 1)
+        # A candidate the model put far under the budget measured over it: the model is off
+        # for this program, and the next ones are checked alone before a compile (else the
+        # solver offers its equals, values that cost no FLOPs to recompute saved or not, and
+        # each is compiled over the budget in turn).
+        overshot = overshot or over > 0
         if over <= 0:
             fallback = None
             point = cheaper_point(prep, know, budget_bytes) if rounds < max_rounds else None
