@@ -157,7 +157,7 @@ def plan_prepared(
     if near_miss(prep, know, budget_bytes, say, verify):
         best = best_known(prep, know, budget_bytes, cap)
     if best is None and cap is None:  # the floor quoted is the least reached
-        steps = compile_least(prep, know, least_verify)
+        steps = compile_least(prep, know, budget_bytes, least_verify)
         if steps is not None:  # the least predicted is compiled: no prediction to quote
             rounds, settled = rounds + steps, None
             best = best_known(prep, know, budget_bytes, cap)

@@ -132,21 +132,23 @@ def next_least(prep: Any, know: Knowledge, solution: Any, idle: int = 0) -> list
     return out
 
 
-def compile_least(prep: Any, know: Knowledge, verify: Any) -> int | None:
+def compile_least(prep: Any, know: Knowledge, budget_bytes: int, verify: Any) -> int | None:
     """Compiles, where nothing compiled fits, the candidate predicted to reach the least
     memory, so that the floor `remat.InfeasibleBudget` quotes is the least the planner
     reaches, not the least it happened to compile (on a program in the user's own
     `lax.scan` at 40%, after a 50% plan: "22.00 MiB" where ``full`` compiles to 18.51 MiB).
     The candidates are the model's least-memory choice and the named strategies, each
-    predicted from its scans compiled alone (found compiled by the rounds' checks); one step
-    compile at most, none where the least predicted is compiled already.
+    predicted from its scans compiled alone (found compiled by the rounds' checks), less
+    those the model puts `_named.far_over` the budget (over the least-memory choice by more
+    than four times the model's largest error: not the least); one step compile at most, none
+    where the least predicted is compiled already.
     ``verify(key, choice, alone)`` compiles and records one. Returns the steps compiled (0
     or 1: the least predicted is then compiled), or None without a scan-alone model.
 
     Example:
       >>> from types import SimpleNamespace as N
       >>> from remat._plan import _settled
-      >>> _settled.compile_least(N(scan_fits=()), N(), verify=None) is None  # no model
+      >>> _settled.compile_least(N(scan_fits=()), N(), 100, verify=None) is None  # no model
       True
     """
     if not prep.scan_fits:
@@ -154,6 +156,8 @@ def compile_least(prep: Any, know: Knowledge, verify: Any) -> int | None:
     least = solve(prep.nodes, 0, options=charged_options(prep, know), minimize="memory",
                   **prep.weights)  # fmt: skip
     named = [(s, c) for _, s, c in named_choices(prep)]
+    if least is not None:
+        named = [(s, c) for s, c in named if not far_over(prep, know, c, budget_bytes)]
     pairs = named if least is None else [(least, prep.decode(least)), *named]
     compile_alone(prep, know, pairs)  # at once; those the rounds checked are found compiled
     predicted = [(check_alone(prep, know, s, c)[0], c) for s, c in pairs]
