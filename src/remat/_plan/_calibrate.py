@@ -103,8 +103,10 @@ class Prepared:
     # contribution compiled alone as written: the memory outside the scans that the
     # scan-alone programs do not see (`_memo.Knowledge.margin` before a plan is verified).
     # Where the compiler refused that step, the step that recomputes everything's, against
-    # its scans compiled alone with nothing saved. None when calibrated on compiled steps, or
-    # when the baseline is another program's.
+    # its scans compiled alone with nothing saved. None when calibrated on compiled steps,
+    # when the baseline is another program's, or when the program has checkpoints of its own
+    # (the baseline is then the program as written, but a scan compiled alone is not: its
+    # body's checkpoints are inlined, see `remat._trace._tag`).
     margin: float | None = None
     # The compiler's refusal of the un-checkpointed step (`_baseline`); None where it compiled.
     refusal: Any = None
@@ -221,7 +223,7 @@ def prepare(
         device = compile_device(args)
         # One scan on the CPU: the step's phases are read from its dump (`_phases`).
         platform = jax.default_backend() if device is None else getattr(device, "platform", "")
-        reading = not given and len(infos) == 1 and platform == "cpu"
+        reading = not given and not written and len(infos) == 1 and platform == "cpu"
         step_phases = (lambda: pending.result()[3]) if reading and devices == 1 else None
         if devices > 1:  # the step first: where XLA puts the scans' inputs (`_sharded`)
             if not given:
@@ -239,7 +241,7 @@ def prepare(
             measured = pending if baseline else _First(pending)
             fit, calibration, scan_fits, alone, margin, phases = scan_fit(
                 infos, cands, offsets, models, per_step, measured, device,
-                written=not given, step_phases=step_phases,
+                written=not given and not written, step_phases=step_phases,
             )  # fmt: skip
             if not baseline:
                 baseline, refusal, recomputing, _ = pending.result()
