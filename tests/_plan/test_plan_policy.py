@@ -262,3 +262,20 @@ def test_a_per_layer_plans_policy_error_names_values_as_the_program_does():
     with pytest.raises(ValueError, match=r"layers 0,2 save nothing; layers 1,3 save \{up\}"):
         plan_policy([scan])
     assert plan_policy([scan], position=1).names == frozenset({"remat_s0_e21", "up"})
+
+
+def test_a_plan_above_a_program_that_recomputes_everything_predicts_a_real_peak(tmp_path):
+    """The user's `nnx.remat` saves nothing, and a budget above that peak buys back
+    recomputation. The memory outside the scans is learnt on the program as written, whose
+    scans recompute everything, not on those scans compiled alone without its checkpoints
+    (which would leave that memory negative, a negative predicted peak, and a plan file that
+    `load_plan` refuses)."""
+    _, state = nnx_parts()
+    loss = nnx_loss(checkpointed=True)
+    args = (state, jnp.ones((B, D)))
+    written = peak(loss, *args)
+    plan = remat.plan(loss, *args, budget=3 * written, schedules=False, verbose=False)
+    assert plan.flops_ratio < 1.0  # it saves what the program as written recomputes
+    assert abs(plan.predicted_peak_bytes - plan.measured_peak_bytes) <= plan.measured_peak_bytes / 4
+    plan.to_json(tmp_path / "plan.json")
+    remat.load_plan(tmp_path / "plan.json", loss, *args)

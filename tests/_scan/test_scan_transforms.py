@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import remat
 
@@ -74,3 +75,26 @@ def test_binomial_grad_of_grad_is_sublinear_in_n():
     # 16x the steps, 37x the table rows (N times the repetition number, 3 at N=64 and 8 at
     # N=1024): about sqrt(37) = 6.1x the memory, not 16x.
     assert binomial[1024] <= 7 * binomial[64], binomial
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="`Binomial` under `grad` of `vmap`: the batching rule of its linear map vmaps Revolve's "
+    "backward sweep whole, so the sweep accumulates the gradient of an unbatched weight once "
+    "per example (a (B, D, D) buffer); per_step and Nested batch the step instead",
+)
+def test_binomial_grad_of_vmap_accumulates_an_unbatched_weight_once():
+    """A per-example model batched with `jax.vmap` (the Equinox way) against the same scan
+    with the batch in its carry: the same program for XLA but for the batching."""
+    b, n = 16, 256
+
+    def run(w, c0):
+        return remat.scan(
+            lambda c, _: (jnp.tanh(c @ w), None), c0, length=n, schedule=remat.Binomial(4)
+        )[0]
+
+    w, c = jnp.eye(D) * 0.5, jnp.ones((b, D))
+    vmapped = temp_bytes(jax.grad(lambda w, c: jax.vmap(lambda ci: run(w, ci))(c).sum()), w, c)
+    batched = temp_bytes(jax.grad(lambda w, c: run(w, c).sum()), w, c)
+    # One (D, D) weight gradient per example would be b * 16 KiB = 256 KiB more.
+    assert vmapped <= batched + b * D * 4, (vmapped, batched)
