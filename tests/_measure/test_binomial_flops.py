@@ -16,6 +16,7 @@ import pytest
 import remat
 from remat._core._flop_tags import branch_scope, trip_scope
 from remat._measure._hlo import hlo_flops
+from remat._measure._step import ANALYSIS_OPTIONS  # HLO read, never run
 
 B, D = 8, 16
 F = 2 * B * D * D  # one step's matmul: (B, D) @ (D, D)
@@ -33,7 +34,7 @@ def loss(schedule, n, differentiate_w=True):
 def grad_flops(schedule, n):
     ws = jnp.full((n, D, D), 0.05)
     x = jnp.ones((B, D))
-    text = jax.jit(jax.grad(loss(schedule, n))).lower(ws, x).compile().as_text()
+    text = jax.jit(jax.grad(loss(schedule, n))).lower(ws, x).compile(ANALYSIS_OPTIONS).as_text()
     with warnings.catch_warnings():
         warnings.simplefilter("error", remat.RematWarning)  # no loop left uncounted
         return hlo_flops(text)
@@ -61,7 +62,7 @@ def test_second_order_counts_the_row_switch_by_its_kinds():
     ws, x = jnp.full((n, D, D), 0.05), jnp.ones((B, D))
     f = loss(remat.Binomial(2), n)
     gg = jax.grad(lambda ws: jnp.sum(jax.grad(f)(ws, x) ** 2))
-    text = jax.jit(gg).lower(ws).compile().as_text()
+    text = jax.jit(gg).lower(ws).compile(ANALYSIS_OPTIONS).as_text()
     counted = hlo_flops(text)
     untagged = hlo_flops(text.replace("remat_branches_", "untagged_"))
     assert counted < untagged
@@ -75,6 +76,6 @@ def test_tags_count_fractional_trips_and_weighted_branches():
             y = jax.lax.cond(n > 100, lambda c: c @ c @ c, lambda c: c, y)
         return y
 
-    text = jax.jit(f).lower(jnp.ones((4, 4)), 3).compile().as_text()
+    text = jax.jit(f).lower(jnp.ones((4, 4)), 3).compile(ANALYSIS_OPTIONS).as_text()
     mm = 2 * 4 * 4 * 4
     assert hlo_flops(text) == 7 * mm + 2 * mm  # 7 trips; the true branch (two matmuls)

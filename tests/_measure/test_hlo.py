@@ -11,6 +11,7 @@ from jax import lax
 
 import remat
 from remat._measure._hlo import hlo_flops, while_trip_counts
+from remat._measure._step import ANALYSIS_OPTIONS
 
 L, B, D = 6, 4, 8
 LAYER = 2 * B * D * D  # one (B, D) @ (D, D) matmul: B*D outputs, D multiply-adds each
@@ -35,7 +36,7 @@ def args():
 
 
 def compiled_text(fn, *args):
-    return jax.jit(fn).lower(*args).compile().as_text()
+    return jax.jit(fn).lower(*args).compile(ANALYSIS_OPTIONS).as_text()  # read, never run
 
 
 def test_forward_scan_counts_every_layer(args):

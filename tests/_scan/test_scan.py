@@ -11,6 +11,7 @@ import pytest
 
 import remat
 from conftest import assert_tree_allclose, nnx_stack
+from remat._measure._step import ANALYSIS_OPTIONS  # compiled to be read, as remat does
 from remat._scan._scan import nested_lengths
 
 SCHEDULES = ["per_step", remat.Nested(2), remat.Binomial(1), remat.Binomial(4)]
@@ -170,7 +171,7 @@ def _compiled(schedule, n):
             0
         ].sum()
 
-    return jax.jit(jax.grad(f)).lower(jnp.ones(D)).compile()
+    return jax.jit(jax.grad(f)).lower(jnp.ones(D)).compile(ANALYSIS_OPTIONS)
 
 
 def _temp_bytes(schedule, n):

@@ -250,12 +250,35 @@ def test_jacrev_of_jacrev_and_jvp_of_grad(schedule, reverse):
 # vmap
 
 
-@parametrize("schedule", ["per_step", remat.Nested(2), remat.Binomial(2)], ids=ids)
-@parametrize(
-    "in_axes",
-    [(0, None, None), (None, 0, None), (None, None, 1), (1, 0, 0)],
-    ids=["closed_over", "carry", "xs_axis1", "all"],
-)
+IN_AXES = {
+    "closed_over": (0, None, None),
+    "carry": (None, 0, None),
+    "xs_axis1": (None, None, 1),
+    "all": (1, 0, 0),
+}
+
+
+def _vmap_cases():
+    """Every batching of the inputs for `Binomial`, whose sweep is a `jax.custom_jvp` of the
+    closure-converted body (a batched closed-over value, carry or xs each takes its own path
+    there); `Nested` batched everywhere and with xs batched on axis 1 (its blocks reshape xs);
+    ``per_step``, a `lax.scan` whose batching is JAX's own, batched everywhere. The other
+    pairs are `slow`."""
+    fast = {("per_step", "all"), ("Nested", "all"), ("Nested", "xs_axis1")}
+    fast |= {("Binomial", axes) for axes in IN_AXES}
+    return [
+        pytest.param(
+            s,
+            IN_AXES[axes],
+            id=f"{axes}-{s}",
+            marks=() if (str(s).split("(")[0], axes) in fast else slow,
+        )
+        for s in ["per_step", remat.Nested(2), remat.Binomial(2)]
+        for axes in IN_AXES
+    ]
+
+
+@parametrize(("schedule", "in_axes"), _vmap_cases())
 def test_vmap_of_outputs_and_gradients(schedule, in_axes):
     got, want = (rnn_loss(s) for s in pair(schedule, reverse=True))
     w, h0, xs = rnn_inputs()
@@ -301,8 +324,20 @@ def test_vmap_with_read_only_carry_and_out_axes(schedule):
 # Nesting
 
 
-@parametrize("schedule", ["per_step", remat.Nested(2), remat.Binomial(2)], ids=ids)
-@parametrize("inner", ["per_step", remat.Binomial(1)], ids=ids)
+# Outer and inner schedules: `Binomial`'s custom_jvp sweep inside a `lax.scan` body and inside
+# another sweep, and `Nested`'s blocks around a plain scan; the pairs left to `slow` (a
+# `lax.scan` in a `lax.scan`, `Binomial` inside `Nested`) take no path the others miss.
+_NESTED_SLOW = {("per_step", "per_step"), (str(remat.Nested(2)), str(remat.Binomial(1)))}
+
+
+@parametrize(
+    ("schedule", "inner"),
+    [
+        pytest.param(s, i, id=f"{i}-{s}", marks=slow if (str(s), str(i)) in _NESTED_SLOW else ())
+        for i in ["per_step", remat.Binomial(1)]
+        for s in ["per_step", remat.Nested(2), remat.Binomial(2)]
+    ],
+)
 def test_nested_scans(schedule, inner):
     def loss(outer_scan, inner_scan):
         def f(c0, xs):
@@ -449,7 +484,7 @@ def test_what_cannot_apply():
         remat.scan(lambda c, x: (c, x), 0.0, length=-1)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=ids)
+@schedules
 def test_closed_over_traced_int_key_and_float_under_jit(schedule):
     # Under `jit` the closed-over values are tracers: a float scale, an int table and a PRNG
     # key (the last two are never differentiated, so `jax.closure_convert` would leave them

@@ -10,6 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from conftest import assert_tree_allclose, mlp_stack
 from remat._measure._peak import compiled_memory
+from remat._measure._step import ANALYSIS_OPTIONS
 from remat._trace._periodic import periodic_loop, periods, runs
 from remat._trace._tag import ScanChoice, rewrite
 
@@ -103,8 +104,10 @@ def test_a_period_that_does_not_divide_the_length_is_refused():
 
 
 def _peak(loss, args, choice):
+    """The compiled peak of the gradient step, compiled as remat compiles what it only reads
+    (`ANALYSIS_OPTIONS`: LLVM's optimisation off, the same buffers, less time)."""
     step = jax.jit(jax.grad(rewrite(loss, {0: choice})))
-    return compiled_memory(step.lower(*args).compile()).peak_bytes
+    return compiled_memory(step.lower(*args).compile(ANALYSIS_OPTIONS)).peak_bytes
 
 
 @pytest.mark.parametrize("layers", [8, pytest.param(16, marks=pytest.mark.slow)])
@@ -166,7 +169,7 @@ def test_segments_keep_k_of_l_layers_values_and_copy_nothing():
         assert (first - 0.01) * one_value <= fewer <= (first + 0.25) * one_value, (first, fewer)
 
     step = jax.jit(jax.grad(rewrite(loss, {0: ScanChoice(names=keep, pattern=pattern)})))
-    hlo = step.lower(*args).compile().as_text()
+    hlo = step.lower(*args).compile(ANALYSIS_OPTIONS).as_text()
     assert hlo.count(" while(") == 4  # two runs, forward and backward
 
     from jax._src.ad_checkpoint import saved_residuals
@@ -248,7 +251,7 @@ def _step_of(loss, args, pattern, one_loop, argnums=0):
     planned = rewrite(loss, {0: ScanChoice(names=keep, pattern=pattern)})
     before, _periodic.ONE_LOOP = _periodic.ONE_LOOP, one_loop
     try:
-        compiled = jax.jit(jax.grad(planned, argnums)).lower(*args).compile()
+        compiled = jax.jit(jax.grad(planned, argnums)).lower(*args).compile(ANALYSIS_OPTIONS)
         flops = remat.measure(planned, *args, argnums=argnums, repeats=0).flops
         grads = jax.grad(planned, argnums)(*args)
     finally:

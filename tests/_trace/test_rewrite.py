@@ -20,6 +20,7 @@ from jax.extend import core as jcore
 import remat
 from conftest import assert_tree_allclose, nnx_stack
 from remat._core._strategy import offload_available
+from remat._measure._step import ANALYSIS_OPTIONS  # compiled to be read, as remat does
 from remat._trace._rewrite import rewrite_scans
 
 L, B, D = 4, 8, 16  # layers, batch, width of the scanned MLP
@@ -387,7 +388,8 @@ def test_compiled_memory_full_below_dots_below_none():
     args = mlp_args()
 
     def temp_bytes(strategy):
-        compiled = jax.jit(jax.grad(remat.apply(mlp, strategy))).lower(*args).compile()
+        step = jax.jit(jax.grad(remat.apply(mlp, strategy)))
+        compiled = step.lower(*args).compile(ANALYSIS_OPTIONS)
         return compiled.memory_analysis().temp_size_in_bytes
 
     none, dots, full = temp_bytes("none"), temp_bytes("dots"), temp_bytes("full")

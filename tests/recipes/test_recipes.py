@@ -19,6 +19,7 @@ from jax._src.ad_checkpoint import saved_residuals
 
 from conftest import assert_tree_allclose
 from remat import recipes
+from remat._measure._step import ANALYSIS_OPTIONS  # compiled to be read, as remat does
 from remat.recipes import _block, _linen, _nnx, _stack
 
 # --- helpers that read the traced program ---
@@ -325,7 +326,7 @@ def test_grad_checkpointed_stack_compiles_to_less_memory():
     weights, x = _stack_args(0, layers, batch, d)
 
     def temp_bytes(loss):
-        compiled = jax.jit(jax.grad(loss)).lower(weights, x).compile()
+        compiled = jax.jit(jax.grad(loss)).lower(weights, x).compile(ANALYSIS_OPTIONS)
         return compiled.memory_analysis().temp_size_in_bytes
 
     assert temp_bytes(plain_stack_loss) - temp_bytes(_stack.stack_loss) >= layers * batch * d
