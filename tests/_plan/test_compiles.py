@@ -140,7 +140,7 @@ def test_a_scan_option_this_jaxlib_lacks_falls_back_to_the_steps_options():
 def test_named_strategies_are_compiled_alone_beside_the_first_plans_step(monkeypatch):
     """Near the budget the named strategies compete (`_named.try_named`); the one that is
     no calibration point (``dots``) is compiled alone while the plan's step compiles
-    (`_rounds._look_ahead`), so checking them compiles nothing more. One the model puts far
+    (`_ahead.look_ahead`), so checking them compiles nothing more. One the model puts far
     over the budget (`_named.far_over`) is neither looked ahead for nor checked: on this
     stack at 35% ``dots`` is (the model puts it 2.3x the budget), and its scans alone put it
     over the budget too, so `try_named` compiles the same steps (none) without checking it."""

@@ -3,7 +3,7 @@
 A linen `nn.scan` over `nn.remat(Block, policy=nothing_saveable)` (the MaxText way): as
 written it saves nothing, so a budget above its peak buys cheaper plans. The model puts the
 candidate that recomputes nothing far under the larger budget, so it is compiled without a
-check of its scans alone (`_rounds._ample`), and it measures over; the solver then offers its
+check of its scans alone (`_ahead.ample`), and it measures over; the solver then offers its
 equals (values that cost no FLOPs to recompute, saved or not), each with the same peak. Once
 a compiled candidate is over, the next ones must be checked alone first, else the rounds
 compile those equals until they end and return the program as written, dearer than the plan

@@ -213,7 +213,7 @@ def test_the_rounds_look_above_the_tier_of_a_candidate_found_over(prepared, monk
 
     monkeypatch.setattr(_rounds, "check_alone", check_alone)
     monkeypatch.setattr(_rounds, "solve", solve)
-    monkeypatch.setattr(_rounds, "_ample", lambda *a: False)  # every candidate checked alone
+    monkeypatch.setattr(_rounds, "ample", lambda *a: False)  # every candidate checked alone
     _rounds.plan_prepared(prep, read_budget(budget), knowledge=know)
     assert floors[0] is None
     assert floors[1] == _search.above_floor(prep, checked[0]) > checked[0]
@@ -351,7 +351,7 @@ def test_a_candidate_the_line_calls_over_is_missed_as_one_compiled_over(prepared
 
         monkeypatch.setattr(_rounds, "check_alone", check_alone)
         monkeypatch.setattr(_rounds, "guess", guess)
-        monkeypatch.setattr(_rounds, "_ample", lambda *a: False)  # every candidate checked alone
+        monkeypatch.setattr(_rounds, "ample", lambda *a: False)  # every candidate checked alone
         p = _rounds.plan_prepared(prep, read_budget(budget), knowledge=know)
         runs.append((checked, guessed, p))
     (checked, _, plain), (checked_, guessed, lined) = runs

@@ -4,10 +4,10 @@ A round solves the integer program, checks the candidate on each of its scans co
 (cheap: `_alone.check_alone`), and, once that predicts a fit, looks for cheaper candidates
 the linear model put a little over the budget (`_search.cheaper_candidate`, also checked
 alone); the cheapest predicted to fit is compiled whole and measured, and while it compiles,
-what the rounds will likely check next is compiled alone (`_look_ahead`). A candidate
+what the rounds will likely check next is compiled alone (`look_ahead`). A candidate
 checked alone and predicted over the budget rules out the candidates that recompute as little
 (`_search.above_floor`); a candidate the model puts far under the budget is compiled without
-that check (`_ample`) until one compiled measures over. When nothing fits the
+that check (`ample`) until one compiled measures over. When nothing fits the
 model, values saved one at a time are tried first (`_search.smaller_candidate`). The first
 verified plan of a program also measures what the scan-alone programs do not see (the memory
 outside the scans); a second round runs only when the plan was over the budget, or, for the
@@ -29,7 +29,8 @@ import jax
 
 from .._core._budget import Budget
 from .._measure._refusal import refusal_of
-from ._alone import charged_options, check_alone, compile_alone, solution_of
+from ._ahead import ample, look_ahead
+from ._alone import charged_options, check_alone, solution_of
 from ._baseline import REFUSED, budget_within, check_offloaded, check_relative, refused
 from ._calibrate import Prepared
 from ._calls import near_miss
@@ -50,7 +51,6 @@ from ._memo import (
 )
 from ._milp import Solution, solve
 from ._mixes import completed, finding
-from ._named import ahead as named_ahead
 from ._named import describe, try_given, try_named
 from ._named import wanted as named_wanted
 from ._nested import nested_scans
@@ -80,10 +80,6 @@ from ._spread import spread as memory_spread
 ROUNDS = 2
 # Per-layer candidates compiled whole after the uniform rounds, at most (`_per_layer`).
 PER_LAYER_ROUNDS = 2
-# A candidate the model puts this far under the budget is compiled whole at once, and checked
-# on its scans alone beside that compile (`_ample`): the model's error on the programs
-# measured is within 6%.
-SLACK = 0.10
 
 
 def plan_prepared(
@@ -235,7 +231,7 @@ def _uniform_rounds(
     # Candidates checked alone and predicted over the budget (`_spread.within_spread`).
     missed: list[tuple[Solution, Choice, float]] = []
     first_margin = know.margin  # the memory outside the scans the rounds begin with
-    overshot = False  # a compiled candidate measured over the budget (`_ample`)
+    overshot = False  # a compiled candidate measured over the budget (`ample`)
     while rounds < max_rounds:
         margin = know.margin or 0.0
         say(f"solving (round {rounds + 1})")
@@ -280,7 +276,7 @@ def _uniform_rounds(
             checks += 1  # compiled before and over: exclude it without a round
             excluded.append(solution)
             continue
-        if known is None and not overshot and _ample(prep, know, solution, choice, budget_bytes,
+        if known is None and not overshot and ample(prep, know, solution, choice, budget_bytes,
                                                     margin + tight):  # fmt: skip
             # Far under the budget by the model: checked alone while the step compiles (the
             # check gives the memory outside the scans, not the decision).
@@ -345,7 +341,7 @@ def _uniform_rounds(
             first = None
             say(f"verifying round {rounds + 1}: compiling the step")
             after = rounds + 1 < min(ROUNDS, max_rounds) and not (calibrated and searched)
-            ahead = functools.partial(_look_ahead, prep, know, budget_bytes, options, tight,
+            ahead = functools.partial(look_ahead, prep, know, budget_bytes, options, tight,
                                       [*excluded, solution], above, after, choice,
                                       alone + margin, checked_alone(know, missed))  # fmt: skip
             _verify(prep, know, key, choice, margin, alone=alone, ahead=ahead)
@@ -427,7 +423,7 @@ def _verify(prep, know, key, choice, margin, alone=None, beside=None, ahead=None
     then the compiler's, not the save set's). The prediction recorded carries the memory
     outside the scans `_memo.reported_margin` gives before the compile (for a uniform plan,
     the middle of the range measured; ``margin`` is the one the rounds decided with).
-    ``ahead`` (`_look_ahead`) also runs while the step compiles. Without ``alone`` or
+    ``ahead`` (`look_ahead`) also runs while the step compiles. Without ``alone`` or
     ``beside`` (a strategy the caller gives) the prediction is the model's, and the memory
     outside the scans is left as it was."""
 
@@ -474,40 +470,6 @@ def _predicted(prep: Prepared, choice: Choice, alone: float | None, margin: floa
     """The peak predicted for ``choice``: its scans alone (``alone``), else the model's,
     with the memory outside the scans (``margin``)."""
     return int((prep.base + choice.model_bytes if alone is None else alone) + margin)
-
-
-def _look_ahead(prep, know, budget_bytes, options, tight, excluded, above, after, choice,
-                predicted, pairs=()) -> None:  # fmt: skip
-    """Compiles alone, while the step with ``choice`` (``predicted`` peak) compiles, what the
-    rounds will likely check alone once it is measured: the named strategies that
-    `try_named` checks when that peak is near the budget (`_named.ahead`; ``pairs`` are the
-    candidates checked alone so far, `_spread.checked`), and, with
-    ``after`` (a search for a cheaper plan follows the step), the candidate that
-    `cheaper_candidate` checks first, as the memory outside the scans known so far puts it.
-    The checks then find their scans compiled (`_memo.Knowledge.alone`); those the measured
-    step makes unnecessary cost their compile, beside the step's."""
-    pairs = named_ahead(prep, know, budget_bytes, step_flops(prep, choice), predicted, pairs)
-    if after:
-        solution = solve(prep.nodes, budget_bytes, options=options,
-                         fixed_bytes=prep.base + (know.margin or 0.0) + tight, exclude=excluded,
-                         **prep.weights, min_flops=above_floor(prep, above))  # fmt: skip
-        if solution is not None:
-            cheaper = prep.decode(solution)
-            if choice_key(cheaper) not in know.measured:
-                pairs.append((solution, cheaper))
-    compile_alone(prep, know, pairs)
-
-
-def _ample(prep, know, solution, choice, budget_bytes, fixed) -> bool:
-    """Whether ``choice`` is so far under the budget by the model (`SLACK`) that checking it
-    alone cannot change the decision to compile it: every scan ``per_step`` (a schedule's
-    first check may charge it more), nothing cheaper to look for (it recomputes nothing),
-    and the scan-alone programs it needs not yet compiled."""
-    if not prep.scan_fits or choice.flops > 0:
-        return False
-    if any(prep.cands[o].schedule != "per_step" for o in solution.options):
-        return False
-    return prep.base + fixed + choice.model_bytes <= (1 - SLACK) * budget_bytes
 
 
 def _rewrite(prep: Prepared, choice: Choice):
