@@ -114,3 +114,16 @@ def test_a_scan_alone_as_written_keeps_the_programs_checkpoints():
             for name, choice in [("written", None), ("nothing", nothing),
                                  ("plain", ScanChoice(names=None))]}  # fmt: skip
     assert temp["written"] == temp["nothing"] < temp["plain"]
+
+
+def test_a_scan_alone_as_written_without_checkpoints_runs_flattened():
+    # Without checkpoints of its own the body runs as every candidate's does, its jitted
+    # calls inlined: kept, XLA packs the scan-alone program otherwise, and the memory outside
+    # the scans learnt from it moves (Llama-3-8B presets, `benchmarks/scale_bench.py`).
+    def loss(params, x):
+        mlp = jax.jit(lambda h, w: jnp.tanh(h @ w[0]) @ w[1])
+        return jnp.mean(jax.lax.scan(lambda h, w: (h + mlp(h, w), None), x, params)[0] ** 2)
+
+    info, length, _ = fixed_save_sets(loss, mlp_stack(layers=4, batch=64)[1])
+    written = _body.lower_scan(info, None, length).as_text()
+    assert written == _body.lower_scan(info, ScanChoice(names=None), length).as_text()
