@@ -90,17 +90,16 @@ def scan_program(info: ScanInfo, choice: ScanChoice | None, length: int) -> Call
         outs = jcore.jaxpr_as_fun(info.jaxpr)(*consts, *carry, *xs)
         return list(outs[:nk]), list(outs[nk:])
 
-    # As written: a body with checkpoints of its own keeps them (else the memory outside the
-    # scans, the step as written less this, comes out negative); one without runs flattened,
-    # its jitted calls inlined as every candidate's are (kept, XLA packs the step otherwise:
-    # 0.15-1.0% more FLOPs at Llama-3-8B shapes at the MaxText presets' peaks).
-    as_written = written if contains_checkpoint(info.jaxpr) else plain
-
     def run(consts, init, xs):
         if choice is not None and choice.pattern:  # per layer: each position its own policy
             return periodic_loop(tagged, choice.pattern, consts, init, xs, length, info.reverse)
         if choice is None:
-            body = as_written
+            # As written: a body with checkpoints of its own keeps them (else the memory
+            # outside the scans, the step as written less this, comes out negative); one
+            # without runs flattened, its jitted calls inlined as every candidate's are (kept,
+            # XLA packs the program otherwise: 0.15-1.0% more FLOPs at Llama-3-8B shapes at
+            # the MaxText presets' peaks).
+            body = written if contains_checkpoint(info.jaxpr) else plain
         elif choice.names is None:
             body = plain
         elif choice.schedule == "per_step":

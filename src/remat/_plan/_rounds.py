@@ -128,7 +128,7 @@ def plan_prepared(
     def verify(key, choice):  # a step compiled beside the rounds' own
         _verify(prep, know, key, choice, know.margin or 0.0)
 
-    def least_verify(key, choice, alone):
+    def verify_alone(key, choice, alone):  # a step whose scans were compiled alone
         _verify(prep, know, key, choice, know.margin or 0.0, alone=alone)
 
     if mixed:
@@ -145,15 +145,12 @@ def plan_prepared(
     # Never worse than a named strategy.
     if first.wanted(settled is None and named_wanted(prep, know, best, budget_bytes), best):
         say("checking the named strategies")
-        try_named(prep, know, budget_bytes, best,
-                  lambda key, choice, alone: _verify(prep, know, key, choice,
-                                                     know.margin or 0.0, alone=alone),
-                  first.seen)  # fmt: skip
+        try_named(prep, know, budget_bytes, best, verify_alone, first.seen)
         best = best_known(prep, know, budget_bytes, cap)
     if near_miss(prep, know, budget_bytes, say, verify):
         best = best_known(prep, know, budget_bytes, cap)
     if best is None and cap is None:  # the floor quoted is the least reached
-        steps = compile_least(prep, know, budget_bytes, least_verify)
+        steps = compile_least(prep, know, budget_bytes, verify_alone)
         if steps is not None:  # the least predicted is compiled: no prediction to quote
             rounds, settled = rounds + steps, None
             best = best_known(prep, know, budget_bytes, cap)
